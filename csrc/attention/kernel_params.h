@@ -1,0 +1,31 @@
+// Internal: what a forward kernel receives, derived once on the host from AttentionParams.
+#pragma once
+
+#include <cstdint>
+
+namespace samattn::detail {
+
+struct ForwardKernelParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  void* lse;  // nullable; contiguous (batch, heads_q, seqlen_q) in the accumulation type
+
+  // Element strides. The k/v row strides already include kv_stride, so kernels walk the kept
+  // keys densely: logical key n lives at row n * kv_stride.
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+
+  int64_t batch, heads_q, group_size;  // group_size = heads_q / heads_kv
+  int64_t seqlen_q;
+  int64_t kept_keys;  // ceil(seqlen_k / kv_stride)
+  int64_t kv_stride;  // position of logical key n is n * kv_stride (used by the causal mask)
+  int head_dim, head_dim_v;
+  double scale_log2;  // softmax_scale * log2(e): scores go through exp2
+  bool causal;
+};
+
+}  // namespace samattn::detail

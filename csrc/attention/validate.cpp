@@ -1,0 +1,85 @@
+#include "attention/validate.h"
+
+#include <cmath>
+
+#include "common/check.h"
+
+namespace samattn {
+
+double default_softmax_scale(int64_t head_dim) {
+  SAMATTN_CHECK(head_dim >= 1, "head_dim must be >= 1, got ", head_dim);
+  return 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+Status can_implement(const AttentionParams& params) {
+  try {
+    detail::validate_forward_params(params);
+  } catch (const Error& error) {
+    return Status::failure(error.what());
+  }
+  return Status::success();
+}
+
+namespace detail {
+
+namespace {
+
+bool is_known_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16: return true;
+  }
+  return false;
+}
+
+bool is_known_backend(Backend backend) {
+  return backend == Backend::kAuto || backend == Backend::kSimt;
+}
+
+}  // namespace
+
+void validate_forward_params(const AttentionParams& p) {
+  SAMATTN_CHECK(is_known_dtype(p.dtype), "dtype ", static_cast<int>(p.dtype),
+                " is not one of float64, float32, float16, bfloat16");
+  SAMATTN_CHECK(is_known_backend(p.backend), "backend ", static_cast<int>(p.backend),
+                " is not one of auto, simt");
+  SAMATTN_CHECK(p.batch >= 0, "batch must be >= 0, got ", p.batch);
+  SAMATTN_CHECK(p.heads_q >= 1, "heads_q must be >= 1, got ", p.heads_q);
+  SAMATTN_CHECK(p.heads_kv >= 1, "heads_kv must be >= 1, got ", p.heads_kv);
+  SAMATTN_CHECK(p.heads_q % p.heads_kv == 0, "heads_q (", p.heads_q,
+                ") must be a multiple of heads_kv (", p.heads_kv, ") for grouped-query attention");
+  SAMATTN_CHECK(p.seqlen_q >= 0, "seqlen_q must be >= 0, got ", p.seqlen_q);
+  SAMATTN_CHECK(p.seqlen_k >= 0, "seqlen_k must be >= 0, got ", p.seqlen_k);
+  SAMATTN_CHECK(p.head_dim >= 1 && p.head_dim <= kMaxHeadDim, "head_dim must be in [1, ",
+                kMaxHeadDim, "], got ", p.head_dim);
+  SAMATTN_CHECK(p.head_dim_v >= 1 && p.head_dim_v <= kMaxHeadDim, "head_dim_v must be in [1, ",
+                kMaxHeadDim, "], got ", p.head_dim_v);
+  SAMATTN_CHECK(p.kv_stride >= 1, "kv_stride must be >= 1, got ", p.kv_stride);
+  if (p.softmax_scale) {
+    SAMATTN_CHECK(std::isfinite(*p.softmax_scale), "softmax_scale must be finite, got ",
+                  *p.softmax_scale);
+  }
+  if (output_rows(p) > 0) {
+    SAMATTN_CHECK(p.q != nullptr, "q must not be null");
+    SAMATTN_CHECK(p.out != nullptr, "out must not be null");
+    if (p.seqlen_k > 0) {
+      SAMATTN_CHECK(p.k != nullptr, "k must not be null");
+      SAMATTN_CHECK(p.v != nullptr, "v must not be null");
+    }
+  }
+}
+
+int64_t output_rows(const AttentionParams& p) { return p.batch * p.heads_q * p.seqlen_q; }
+
+int64_t strided_key_count(const AttentionParams& p) {
+  return (p.seqlen_k + p.kv_stride - 1) / p.kv_stride;
+}
+
+double resolved_softmax_scale(const AttentionParams& p) {
+  return p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
+}
+
+}  // namespace detail
+}  // namespace samattn

@@ -1,0 +1,19 @@
+// Internal: the host-side checks shared by the CUDA path and the CPU reference.
+#pragma once
+
+#include "samattn/attention.h"
+
+namespace samattn::detail {
+
+// Throws samattn::Error naming the first invalid field of `params`.
+void validate_forward_params(const AttentionParams& params);
+
+// Number of output rows (batch * heads_q * seqlen_q); zero means there is nothing to launch.
+int64_t output_rows(const AttentionParams& params);
+
+// Keys kept by kv_stride: ceil(seqlen_k / kv_stride).
+int64_t strided_key_count(const AttentionParams& params);
+
+double resolved_softmax_scale(const AttentionParams& params);
+
+}  // namespace samattn::detail

@@ -1,0 +1,69 @@
+// Internal: host-side conversions between double and the 16-bit float formats, written out so
+// the CPU reference does not depend on CUDA's host headers. Rounding is to nearest, ties to even.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace samattn::detail {
+
+inline float bits_to_float(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+inline uint32_t float_to_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+inline double bfloat16_to_double(uint16_t bits) {
+  return bits_to_float(static_cast<uint32_t>(bits) << 16);
+}
+
+inline uint16_t double_to_bfloat16(double value) {
+  const uint32_t bits = float_to_bits(static_cast<float>(value));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+inline double float16_to_double(uint16_t bits) {
+  const uint32_t sign = (bits >> 15) & 1u;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  double magnitude;
+  if (exponent == 0) {
+    magnitude = mantissa * (1.0 / (1 << 24));  // subnormal: mantissa * 2^-24
+  } else if (exponent == 31) {
+    magnitude = mantissa ? __builtin_nan("") : __builtin_inf();
+  } else {
+    magnitude = (1.0 + mantissa / 1024.0) * static_cast<double>(1ull << exponent) / (1 << 15);
+  }
+  return sign ? -magnitude : magnitude;
+}
+
+inline uint16_t double_to_float16(double value) {
+  const uint32_t bits = float_to_bits(static_cast<float>(value));
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs_bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs_bits < 0x38800000u) {
+    // Result is subnormal (or zero) in half precision: round |x| / 2^-24 to an integer.
+    const float scaled = bits_to_float(abs_bits) * 16777216.0f;  // exact: power of two
+    const uint32_t truncated = static_cast<uint32_t>(scaled);
+    const float remainder = scaled - static_cast<float>(truncated);
+    uint32_t rounded = truncated;
+    if (remainder > 0.5f || (remainder == 0.5f && (truncated & 1u))) ++rounded;
+    return static_cast<uint16_t>(sign | rounded);
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 23-bit mantissa to 10 bits.
+  const uint32_t rebased = abs_bits - (112u << 23);
+  const uint32_t rounding = 0xfffu + ((rebased >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rebased + rounding) >> 13));
+}
+
+}  // namespace samattn::detail

@@ -1,0 +1,125 @@
+// The fp64 CPU reference: the oracle every test compares against. Straightforward on purpose:
+// two passes over the visible keys of each query row, everything in double.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "attention/validate.h"
+#include "common/host_float.h"
+#include "samattn/attention.h"
+
+namespace samattn {
+namespace {
+
+double load(const void* base, int64_t offset, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64: return static_cast<const double*>(base)[offset];
+    case DType::kFloat32: return static_cast<const float*>(base)[offset];
+    case DType::kFloat16:
+      return detail::float16_to_double(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kBFloat16:
+      return detail::bfloat16_to_double(static_cast<const uint16_t*>(base)[offset]);
+  }
+  return 0.0;
+}
+
+void store(void* base, int64_t offset, DType dtype, double value) {
+  switch (dtype) {
+    case DType::kFloat64: static_cast<double*>(base)[offset] = value; break;
+    case DType::kFloat32: static_cast<float*>(base)[offset] = static_cast<float>(value); break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(base)[offset] = detail::double_to_float16(value);
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(base)[offset] = detail::double_to_bfloat16(value);
+      break;
+  }
+}
+
+// max() that lets a NaN through, so a NaN score poisons its row as it does on the GPU.
+double nan_propagating_max(double a, double b) { return (std::isnan(b) || b > a) ? b : a; }
+
+bool key_visible(const AttentionParams& p, int64_t query, int64_t key) {
+  if (key % p.kv_stride != 0) return false;
+  return !p.causal || key <= query;
+}
+
+// One (batch, head) slice: every query row of it.
+void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale,
+                    std::vector<double>& scores) {
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  const int64_t q_base = b * p.q_strides.batch + h * p.q_strides.head;
+  const int64_t k_base = b * p.k_strides.batch + hk * p.k_strides.head;
+  const int64_t v_base = b * p.v_strides.batch + hk * p.v_strides.head;
+  const int64_t o_base = b * p.out_strides.batch + h * p.out_strides.head;
+  const bool lse_is_double = p.dtype == DType::kFloat64;
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  scores.resize(p.seqlen_k);
+  std::vector<double> accum(p.head_dim_v);
+
+  for (int64_t i = 0; i < p.seqlen_q; ++i) {
+    double row_max = neg_inf;
+    for (int64_t j = 0; j < p.seqlen_k; ++j) {
+      if (!key_visible(p, i, j)) continue;
+      double dot = 0.0;
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        dot += load(p.q, q_base + i * p.q_strides.seq + d, p.dtype) *
+               load(p.k, k_base + j * p.k_strides.seq + d, p.dtype);
+      }
+      scores[j] = dot * scale;
+      row_max = nan_propagating_max(row_max, scores[j]);
+    }
+    std::fill(accum.begin(), accum.end(), 0.0);
+    double row_sum = 0.0;
+    const bool any_visible = row_max != neg_inf;
+    if (any_visible) {
+      for (int64_t j = 0; j < p.seqlen_k; ++j) {
+        if (!key_visible(p, i, j)) continue;
+        const double weight = std::exp(scores[j] - row_max);
+        row_sum += weight;
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          accum[d] += weight * load(p.v, v_base + j * p.v_strides.seq + d, p.dtype);
+        }
+      }
+    }
+    for (int64_t d = 0; d < p.head_dim_v; ++d) {
+      const double value = any_visible ? accum[d] / row_sum : 0.0;
+      store(p.out, o_base + i * p.out_strides.seq + d, p.dtype, value);
+    }
+    if (p.lse != nullptr) {
+      const double lse = any_visible ? row_max + std::log(row_sum) : neg_inf;
+      const int64_t offset = (b * p.heads_q + h) * p.seqlen_q + i;
+      if (lse_is_double) {
+        static_cast<double*>(p.lse)[offset] = lse;
+      } else {
+        static_cast<float*>(p.lse)[offset] = static_cast<float>(lse);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void reference_attention_forward(const AttentionParams& params) {
+  detail::validate_forward_params(params);
+  if (detail::output_rows(params) == 0) return;
+  const double scale = detail::resolved_softmax_scale(params);
+  const int64_t slices = params.batch * params.heads_q;
+  const int64_t workers =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(slices, 64));
+
+  auto run_slices = [&](int64_t first) {
+    std::vector<double> scores;
+    for (int64_t s = first; s < slices; s += workers) {
+      reference_head(params, s / params.heads_q, s % params.heads_q, scale, scores);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(run_slices, w);
+  run_slices(0);
+  for (auto& thread : threads) thread.join();
+}
+
+}  // namespace samattn

@@ -1,0 +1,83 @@
+// The samattn torch operators: CUDA kernels under the CUDA key, the fp64 reference under the CPU
+// key. Shapes and dtypes of the results for torch.compile come from register_fake in Python.
+#include <optional>
+#include <string_view>
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "samattn/attention.h"
+#include "tensor_params.h"
+
+namespace samattn::torch_ops {
+namespace {
+
+// Runs attention with the CUDA kernels or, for CPU tensors, the fp64 reference.
+void run_forward(const AttentionParams& params, const at::Tensor& query) {
+  try {
+    if (query.is_cuda()) {
+      const c10::cuda::CUDAGuard guard(query.device());
+      attention_forward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
+    } else {
+      reference_attention_forward(params);
+    }
+  } catch (const Error& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_forward_op(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> scale, bool causal, int64_t kv_stride, bool return_lse,
+    c10::string_view backend) {
+  AttentionParams params = make_forward_params(
+      query, key, value, {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
+                             query.options());
+  at::Tensor lse = at::empty(
+      return_lse ? std::vector<int64_t>{params.batch, params.heads_q, params.seqlen_q}
+                 : std::vector<int64_t>{0},
+      query.options().dtype(lse_dtype(query.scalar_type())));
+  set_output(params, out);
+  params.lse = return_lse ? lse.data_ptr() : nullptr;
+  run_forward(params, query);
+  return {out, lse};
+}
+
+void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
+                               const at::Tensor& value, const at::Tensor& out,
+                               std::optional<double> scale, bool causal, int64_t kv_stride,
+                               c10::string_view backend) {
+  AttentionParams params = make_forward_params(
+      query, key, value, {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  check_output(out, query, params);
+  set_output(params, out);
+  run_forward(params, query);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(samattn, m) {
+  m.def(
+      "attention_forward(Tensor query, Tensor key, Tensor value, float? scale=None, "
+      "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto') "
+      "-> (Tensor out, Tensor lse)");
+  m.def(
+      "attention_forward_into(Tensor query, Tensor key, Tensor value, Tensor(a!) out, "
+      "float? scale=None, bool causal=False, int kv_stride=1, str backend='auto') -> ()");
+}
+
+TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
+  m.impl("attention_forward", &attention_forward_op);
+  m.impl("attention_forward_into", &attention_forward_into_op);
+}
+
+TORCH_LIBRARY_IMPL(samattn, CPU, m) {
+  m.impl("attention_forward", &attention_forward_op);
+  m.impl("attention_forward_into", &attention_forward_into_op);
+}
+
+}  // namespace samattn::torch_ops

@@ -1,0 +1,33 @@
+// Internal: checks torch tensors and turns them into samattn::AttentionParams. Every failed check
+// raises before anything is allocated or launched and names the argument.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+
+#include "samattn/attention.h"
+
+namespace samattn::torch_ops {
+
+struct ForwardOptions {
+  std::optional<double> scale;
+  bool causal = false;
+  int64_t kv_stride = 1;
+  std::string_view backend = "auto";
+};
+
+// Validates query, key and value and fills everything but the out and lse pointers.
+AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& key,
+                                    const at::Tensor& value, const ForwardOptions& options);
+
+// Validates a caller-provided output against the params' shape, dtype and device.
+void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& params);
+
+void set_output(AttentionParams& params, const at::Tensor& out);
+
+// The dtype of the log-sum-exp output: float64 for float64 inputs, float32 otherwise.
+at::ScalarType lse_dtype(at::ScalarType input);
+
+}  // namespace samattn::torch_ops

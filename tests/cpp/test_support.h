@@ -1,0 +1,209 @@
+// Test helpers: attention problems with random host data in any dtype, tolerances derived from
+// the dtype, and device buffers for the GPU tests.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "common/host_float.h"
+#include "samattn/attention.h"
+
+namespace samattn::testing {
+
+inline bool gpu_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    if (!::samattn::testing::gpu_available()) GTEST_SKIP() << "no CUDA GPU"; \
+  } while (0)
+
+// Elements stored as raw bytes of `dtype`, read and written as double.
+struct HostTensor {
+  DType dtype = DType::kFloat32;
+  std::vector<unsigned char> bytes;
+
+  HostTensor() = default;
+  HostTensor(DType type, int64_t count) : dtype(type), bytes(count * dtype_size(type)) {}
+  int64_t size() const { return static_cast<int64_t>(bytes.size()) / dtype_size(dtype); }
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+
+  double get(int64_t i) const {
+    switch (dtype) {
+      case DType::kFloat64: return reinterpret_cast<const double*>(bytes.data())[i];
+      case DType::kFloat32: return reinterpret_cast<const float*>(bytes.data())[i];
+      case DType::kFloat16:
+        return detail::float16_to_double(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
+      case DType::kBFloat16:
+        return detail::bfloat16_to_double(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
+    }
+    return 0;
+  }
+  void set(int64_t i, double value) {
+    switch (dtype) {
+      case DType::kFloat64: reinterpret_cast<double*>(bytes.data())[i] = value; break;
+      case DType::kFloat32: reinterpret_cast<float*>(bytes.data())[i] = float(value); break;
+      case DType::kFloat16:
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = detail::double_to_float16(value);
+        break;
+      case DType::kBFloat16:
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = detail::double_to_bfloat16(value);
+        break;
+    }
+  }
+  // All bytes 0xff: a NaN in every floating-point format, so unwritten elements are caught.
+  void poison() { std::memset(bytes.data(), 0xff, bytes.size()); }
+};
+
+inline void fill_random(HostTensor& t, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int64_t i = 0; i < t.size(); ++i) t.set(i, normal(engine));
+}
+
+struct Shape {
+  int64_t batch = 2, heads_q = 2, heads_kv = 2, seqlen_q = 33, seqlen_k = 47;
+  int64_t head_dim = 32, head_dim_v = 32;
+};
+
+// A problem whose tensors live in host memory. `seq_major` stores (B, S, H, D) and views it as
+// (B, H, S, D) through strides, as in a model that never transposes.
+struct Problem {
+  Shape shape;
+  DType dtype;
+  HostTensor q, k, v, out;
+  std::vector<double> lse;  // filled by the reference when requested
+  AttentionParams params;
+
+  Problem(const Shape& s, DType type, bool seq_major = false, uint64_t seed = 1)
+      : shape(s), dtype(type) {
+    q = HostTensor(type, s.batch * s.heads_q * s.seqlen_q * s.head_dim);
+    k = HostTensor(type, s.batch * s.heads_kv * s.seqlen_k * s.head_dim);
+    v = HostTensor(type, s.batch * s.heads_kv * s.seqlen_k * s.head_dim_v);
+    out = HostTensor(type, s.batch * s.heads_q * s.seqlen_q * s.head_dim_v);
+    fill_random(q, seed);
+    fill_random(k, seed + 1);
+    fill_random(v, seed + 2);
+    out.poison();
+    params.dtype = type;
+    params.batch = s.batch;
+    params.heads_q = s.heads_q;
+    params.heads_kv = s.heads_kv;
+    params.seqlen_q = s.seqlen_q;
+    params.seqlen_k = s.seqlen_k;
+    params.head_dim = s.head_dim;
+    params.head_dim_v = s.head_dim_v;
+    params.q_strides = strides(s.heads_q, s.seqlen_q, s.head_dim, seq_major);
+    params.k_strides = strides(s.heads_kv, s.seqlen_k, s.head_dim, seq_major);
+    params.v_strides = strides(s.heads_kv, s.seqlen_k, s.head_dim_v, seq_major);
+    params.out_strides = strides(s.heads_q, s.seqlen_q, s.head_dim_v, false);
+    bind_host();
+  }
+
+  static Strides strides(int64_t heads, int64_t seq, int64_t dim, bool seq_major) {
+    if (seq_major) return Strides{seq * heads * dim, dim, heads * dim};
+    return Strides{heads * seq * dim, seq * dim, dim};
+  }
+
+  void bind_host() {
+    params.q = q.data();
+    params.k = k.data();
+    params.v = v.data();
+    params.out = out.data();
+  }
+
+  // Runs the fp64 reference into a fresh output (and lse when `with_lse`).
+  HostTensor reference(bool with_lse = false) {
+    HostTensor result(dtype, out.size());
+    AttentionParams p = params;
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+    p.out = result.data();
+    std::vector<float> lse32;
+    if (with_lse) {
+      const int64_t rows = shape.batch * shape.heads_q * shape.seqlen_q;
+      lse.assign(rows, 0.0);
+      lse32.assign(rows, 0.0f);
+      p.lse = dtype == DType::kFloat64 ? static_cast<void*>(lse.data()) : lse32.data();
+    }
+    reference_attention_forward(p);
+    if (with_lse && dtype != DType::kFloat64) lse.assign(lse32.begin(), lse32.end());
+    return result;
+  }
+};
+
+// Per-element bound |out - ref| <= rtol * |ref| + atol * max|ref|: rtol covers rounding the
+// output to its dtype (twice the unit roundoff), atol the accumulated error of the arithmetic.
+struct Tolerance {
+  double rtol, atol;
+};
+
+inline Tolerance tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64: return {1e-12, 1e-12};
+    case DType::kFloat32: return {1e-5, 1e-5};
+    case DType::kFloat16: return {std::ldexp(1.0, -10), 1e-4};
+    case DType::kBFloat16: return {std::ldexp(1.0, -7), 1e-4};
+  }
+  return {0, 0};
+}
+
+// Checks every element: finite where the reference is, and within the dtype's tolerance.
+inline ::testing::AssertionResult all_close(const HostTensor& out, const HostTensor& ref,
+                                            DType dtype) {
+  const Tolerance tol = tolerance_for(dtype);
+  double scale = 0;
+  for (int64_t i = 0; i < ref.size(); ++i) scale = std::max(scale, std::fabs(ref.get(i)));
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t i = 0; i < ref.size(); ++i) {
+    const double o = out.get(i), r = ref.get(i);
+    const bool ok = std::isnan(r) ? std::isnan(o)
+                                  : std::fabs(o - r) <= tol.rtol * std::fabs(r) + tol.atol * scale;
+    if (!ok && bad++ == 0) {
+      first = "element " + std::to_string(i) + ": got " + std::to_string(o) + ", expected " +
+              std::to_string(r);
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << ref.size()
+                                       << " elements out of tolerance; first " << first;
+}
+
+// A device copy of a host tensor.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) EXPECT_EQ(cudaMalloc(&ptr_, bytes_), cudaSuccess);
+  }
+  explicit DeviceBuffer(const HostTensor& t) : DeviceBuffer(t.bytes.size()) { upload(t); }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  void upload(const HostTensor& t) {
+    if (bytes_ > 0) EXPECT_EQ(cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void download(void* dst) const {
+    if (bytes_ > 0) EXPECT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+}  // namespace samattn::testing
