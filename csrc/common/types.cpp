@@ -31,6 +31,7 @@ const char* backend_name(Backend backend) {
   switch (backend) {
     case Backend::kAuto: return "auto";
     case Backend::kSimt: return "simt";
+    case Backend::kTensorCore: return "tensor_core";
   }
   return "unknown";
 }

@@ -20,7 +20,9 @@ DType to_dtype(at::ScalarType type, const char* name) {
 Backend to_backend(std::string_view name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "simt") return Backend::kSimt;
-  TORCH_CHECK_VALUE(false, "samattn: backend must be one of 'auto', 'simt', got '", name, "'");
+  if (name == "tensor_core") return Backend::kTensorCore;
+  TORCH_CHECK_VALUE(false, "samattn: backend must be one of 'auto', 'simt', 'tensor_core', got '",
+                    name, "'");
 }
 
 void check_layout(const at::Tensor& t, const char* name) {

@@ -16,8 +16,9 @@
 
 namespace samattn {
 
-// Which implementation runs a call. kAuto picks the fastest one that supports the call.
-enum class Backend : int { kAuto, kSimt };
+// Which implementation runs a call. kAuto picks the fastest one that supports the call;
+// the environment variable SAMATTN_FORCE_SIMT=1 makes kAuto pick kSimt.
+enum class Backend : int { kAuto, kSimt, kTensorCore };
 
 const char* backend_name(Backend backend);
 
@@ -49,6 +50,9 @@ struct AttentionParams {
   bool causal = false;
   // Strided attention: query i sees only keys j with j % kv_stride == 0.
   int64_t kv_stride = 1;
+  // float32 inputs only: let tensor cores compute in TF32 (10-bit mantissa). Off by default, so
+  // float32 stays IEEE unless the caller opts in.
+  bool allow_tf32 = false;
 
   Backend backend = Backend::kAuto;
 };
@@ -70,7 +74,7 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream);
 // in params.dtype and `lse` in the accumulation type.
 void reference_attention_forward(const AttentionParams& params);
 
-// The backend kAuto would pick on the current device, for logs and tests.
+// The backend that runs `params` on the current device (resolves kAuto), for logs and tests.
 Backend select_backend(const AttentionParams& params);
 
 }  // namespace samattn
