@@ -43,6 +43,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_op(
       query.options().dtype(lse_dtype(query.scalar_type())));
   set_output(params, out);
   params.lse = return_lse ? lse.data_ptr() : nullptr;
+  check_params(params);
   run_forward(params, query);
   return {out, lse};
 }
@@ -55,6 +56,7 @@ void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
       query, key, value, {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   check_output(out, query, params);
   set_output(params, out);
+  check_params(params);
   run_forward(params, query);
 }
 

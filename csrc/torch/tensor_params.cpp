@@ -99,8 +99,6 @@ AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& k
   p.causal = options.causal;
   p.kv_stride = options.kv_stride;
   p.backend = to_backend(options.backend);
-  const Status status = can_implement(p);
-  TORCH_CHECK_VALUE(status.ok(), status.message());
   return p;
 }
 
@@ -121,6 +119,11 @@ void check_output(const at::Tensor& out, const at::Tensor& query, const Attentio
 void set_output(AttentionParams& p, const at::Tensor& out) {
   p.out = out.data_ptr();
   p.out_strides = strides_of(out);
+}
+
+void check_params(const AttentionParams& p) {
+  const Status status = can_implement(p);
+  TORCH_CHECK_VALUE(status.ok(), status.message());
 }
 
 }  // namespace samattn::torch_ops

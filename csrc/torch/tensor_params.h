@@ -18,7 +18,8 @@ struct ForwardOptions {
   std::string_view backend = "auto";
 };
 
-// Validates query, key and value and fills everything but the out and lse pointers.
+// Validates the tensors query, key and value and fills everything but the out and lse pointers;
+// the scalar options are checked by check_params once the output is bound.
 AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& key,
                                     const at::Tensor& value, const ForwardOptions& options);
 
@@ -26,6 +27,9 @@ AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& k
 void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& params);
 
 void set_output(AttentionParams& params, const at::Tensor& out);
+
+// The core library's checks (options such as kv_stride and scale), raised as ValueError.
+void check_params(const AttentionParams& params);
 
 // The dtype of the log-sum-exp output: float64 for float64 inputs, float32 otherwise.
 at::ScalarType lse_dtype(at::ScalarType input);

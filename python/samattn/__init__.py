@@ -1,0 +1,27 @@
+"""samattn: fused attention kernels for every dtype, with a PyTorch front end.
+
+CUDA tensors run samattn's CUDA kernels; CPU tensors run the fp64 reference implementation
+(slow and exact: use it to check results).
+"""
+
+from samattn import nn
+from samattn._ops import ops
+from samattn.functional import (
+    attention,
+    fused_attention,
+    scaled_dot_product_attention,
+    self_attention,
+    strided_attention,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "fused_attention",
+    "nn",
+    "ops",
+    "scaled_dot_product_attention",
+    "self_attention",
+    "strided_attention",
+]

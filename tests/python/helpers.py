@@ -1,0 +1,88 @@
+"""Shared helpers of the Python tests: the fp64 oracles, dtype tolerances and random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import samattn
+
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+# |out - ref| <= rtol * |ref| + atol * max|ref|. rtol: rounding the output to its dtype (twice the
+# unit roundoff); atol: the accumulated error of fp32 (or fp64) arithmetic.
+_TOLERANCE = {
+    torch.float64: (1e-12, 1e-12),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2.0**-10, 1e-4),
+    torch.bfloat16: (2.0**-7, 1e-4),
+}
+
+
+def reference_attention(q, k, v, *, causal=False, scale=None, kv_stride=1):
+    """samattn's fp64 CPU reference (the C++ oracle) on exact float64 copies of the inputs."""
+    out, lse = samattn.ops.attention_forward(q.detach().double().cpu(), k.detach().double().cpu(),
+                                             v.detach().double().cpu(), scale, causal, kv_stride,
+                                             True, "auto")
+    return out, lse
+
+
+def torch_math_attention(q, k, v, *, causal=False, scale=None, kv_stride=1):
+    """An independent oracle written with torch ops in float64 (for checking the reference)."""
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = k[:, :, ::kv_stride], v[:, :, ::kv_stride]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        positions = torch.arange(k.shape[2], device=q.device) * kv_stride
+        hidden = positions[None, :] > torch.arange(q.shape[2], device=q.device)[:, None]
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Every element within the dtype's tolerance of the fp64 reference; NaN never passes."""
+    rtol, atol = _TOLERANCE[dtype]
+    got = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    assert got.shape == ref.shape, f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} NaN elements"
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    bound = rtol * ref.abs() + atol * scale
+    err = (got - ref).abs()
+    bad = err > bound
+    if bad.any():
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{int(bad.sum())} of {ref.numel()} elements out of tolerance ({dtype}); first at "
+            f"{index}: got {got[index].item()}, expected {ref[index].item()}; max error "
+            f"{err.max().item():.3e}")
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", generator=None):
+    return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device,
+                                                                            dtype=dtype)
+
+
+def make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v=None, *,
+             dtype=torch.float32, device="cpu", layout="bhsd", seed=0):
+    """Fresh random q, k, v. layout 'bshd' returns (B, H, S, D) views of (B, S, H, D) storage."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(heads, seqlen, dim):
+        if layout == "bshd":
+            return randn(batch, seqlen, heads, dim, dtype=dtype, device=device,
+                         generator=gen).transpose(1, 2)
+        return randn(batch, heads, seqlen, dim, dtype=dtype, device=device, generator=gen)
+
+    return (make(heads_q, seqlen_q, head_dim), make(heads_kv, seqlen_k, head_dim),
+            make(heads_kv, seqlen_k, head_dim_v))

@@ -1,0 +1,146 @@
+"""The CUDA forward against samattn's fp64 reference: fresh random inputs, outputs poisoned
+before the run, every element checked. Skipped without a GPU."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import samattn
+from helpers import ALL_DTYPES, assert_close, make_qkv, reference_attention, requires_cuda
+
+pytestmark = requires_cuda
+
+BACKENDS = ["simt", "auto"]
+
+
+def run_poisoned(q, k, v, *, backend, **options):
+    """Runs attention_forward_into on a NaN-filled output so an unwritten element fails."""
+    out = torch.full((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), float("nan"),
+                     dtype=q.dtype, device=q.device)
+    samattn.ops.attention_forward_into(q, k, v, out, options.get("scale"),
+                                       options.get("causal", False), options.get("kv_stride", 1),
+                                       backend)
+    return out
+
+
+SCENARIOS = {
+    "dense": dict(shape=(2, 4, 4, 77, 129, 64)),
+    "causal": dict(shape=(2, 4, 4, 129, 129, 64), causal=True),
+    "causal_sq_gt_sk": dict(shape=(1, 2, 2, 130, 40, 64), causal=True),
+    "causal_sq_lt_sk": dict(shape=(1, 2, 2, 40, 130, 64), causal=True),
+    "strided": dict(shape=(2, 4, 4, 100, 256, 64), kv_stride=4),
+    "strided_causal": dict(shape=(1, 4, 4, 129, 129, 32), kv_stride=3, causal=True),
+    "gqa_8to1": dict(shape=(2, 8, 1, 64, 80, 128)),
+    "bshd_layout": dict(shape=(2, 4, 2, 65, 70, 64), layout="bshd"),
+    "s1": dict(shape=(3, 2, 2, 1, 1, 64)),
+    "s1000": dict(shape=(1, 2, 2, 1000, 1000, 64), causal=True),
+    "head_dim_8": dict(shape=(1, 2, 2, 33, 33, 8)),
+    "head_dim_40": dict(shape=(1, 2, 2, 33, 47, 40)),
+    "head_dim_72": dict(shape=(1, 2, 2, 33, 47, 72)),
+    "head_dim_80": dict(shape=(1, 2, 2, 33, 47, 80)),
+    "head_dim_96": dict(shape=(1, 2, 2, 33, 47, 96)),
+    "head_dim_256": dict(shape=(1, 2, 2, 70, 90, 256), causal=True),
+    "value_dim_differs": dict(shape=(1, 2, 2, 20, 30, 32), head_dim_v=48),
+    "scale": dict(shape=(1, 2, 2, 50, 60, 64), scale=0.05),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_forward_matches_reference(name, dtype, backend):
+    sc = dict(SCENARIOS[name])
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = sc.pop("shape")
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
+                       sc.pop("head_dim_v", None), dtype=dtype, device="cuda",
+                       layout=sc.pop("layout", "bhsd"), seed=hash(name) % 2**31)
+    ref, ref_lse = reference_attention(q, k, v, **sc)
+    out = run_poisoned(q, k, v, backend=backend, **sc)
+    assert_close(out, ref, dtype)
+    out2, lse = samattn.attention(q, k, v, return_lse=True, backend=backend, **sc)
+    assert_close(out2, ref, dtype)
+    assert_close(lse, ref_lse, torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_no_keys(dtype):
+    q = torch.randn(2, 3, 5, 16, device="cuda", dtype=dtype)
+    k = torch.randn(2, 3, 0, 16, device="cuda", dtype=dtype)
+    v = torch.randn(2, 3, 0, 16, device="cuda", dtype=dtype)
+    out, lse = samattn.attention(q, k, v, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.isneginf(lse).all()
+
+
+# Seed 001's properties.
+SEED_001_SHAPES = [(2, 8, 64, 64), (4, 12, 128, 64), (2, 16, 256, 64), (2, 8, 77, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SEED_001_SHAPES, ids=str)
+def test_seed_001_properties(shape, dtype):
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=dtype) for _ in range(3))
+    out = samattn.fused_attention(q, k, v)
+    assert out.shape == shape
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, samattn.fused_attention(q, k, v)), "reruns must be bit-identical"
+    assert_close(out, reference_attention(q, k, v)[0], dtype)
+    # Batch and head independence: a slice computed alone equals the slice of the whole.
+    assert torch.equal(samattn.fused_attention(q[1:2], k[1:2], v[1:2]), out[1:2])
+    assert torch.equal(samattn.fused_attention(q[:, 3:5], k[:, 3:5], v[:, 3:5]), out[:, 3:5])
+    zeros = torch.zeros(*shape, device="cuda", dtype=dtype)
+    assert torch.equal(samattn.fused_attention(zeros, zeros, zeros), zeros)
+
+
+def test_runs_on_the_current_stream():
+    q, k, v = make_qkv(2, 4, 4, 256, 256, 64, device="cuda", seed=11)
+    expected = samattn.attention(q, k, v)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = samattn.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(out, expected)
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = make_qkv(1, 4, 4, 128, 128, 64, dtype=torch.float16, device="cuda", seed=12)
+    out = torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        samattn.ops.attention_forward_into(q, k, v, out)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        samattn.ops.attention_forward_into(q, k, v, out)
+    for seed in (13, 14):
+        fresh = make_qkv(1, 4, 4, 128, 128, 64, dtype=torch.float16, device="cuda", seed=seed)
+        for dst, src in zip((q, k, v), fresh):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, reference_attention(q, k, v)[0], torch.float16)
+
+
+FUZZ_EXAMPLES = int(os.environ.get("SAMATTN_FUZZ_EXAMPLES", "60"))
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
+@given(dtype=st.sampled_from(ALL_DTYPES), batch=st.integers(1, 3), heads_kv=st.integers(1, 3),
+       group=st.sampled_from([1, 2, 4]), seqlen_q=st.integers(1, 300),
+       seqlen_k=st.integers(0, 300), head_dim=st.sampled_from([16, 32, 40, 64, 72, 96, 128, 256]),
+       causal=st.booleans(), kv_stride=st.sampled_from([1, 1, 2, 4, 7]),
+       layout=st.sampled_from(["bhsd", "bshd"]), backend=st.sampled_from(BACKENDS),
+       seed=st.integers(0, 2**31 - 1))
+def test_forward_fuzz(dtype, batch, heads_kv, group, seqlen_q, seqlen_k, head_dim, causal,
+                      kv_stride, layout, backend, seed):
+    q, k, v = make_qkv(batch, heads_kv * group, heads_kv, seqlen_q, seqlen_k, head_dim,
+                       dtype=dtype, device="cuda", layout=layout, seed=seed)
+    ref, _ = reference_attention(q, k, v, causal=causal, kv_stride=kv_stride)
+    out = run_poisoned(q, k, v, backend=backend, causal=causal, kv_stride=kv_stride)
+    assert_close(out, ref, dtype)
