@@ -1,0 +1,1 @@
+"""samattn's benchmark harness: ``python -m samattn.bench --help``."""

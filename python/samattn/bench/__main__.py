@@ -1,0 +1,76 @@
+"""python -m samattn.bench [suite ...] [--quick] [--out DIR]
+
+Side-by-side benchmarks of samattn against torch SDPA's backends, FlexAttention and naive
+PyTorch, each output checked against an fp64 reference before it is timed. Prints a table and
+writes JSON, CSV and PNG plots into --out. Suites: default, attention, strided, small, all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from samattn.bench import report
+from samattn.bench.methods import all_methods
+from samattn.bench.runner import run_config, speedups
+from samattn.bench.suites import PENDING, SUITES
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m samattn.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suites", nargs="*", default=["default"],
+                        help=f"any of {', '.join(list(SUITES) + list(PENDING))}, all")
+    parser.add_argument("--quick", action="store_true", help="fewer configurations and reps")
+    parser.add_argument("--out", default="bench-results", help="output directory")
+    parser.add_argument("--methods", help="comma-separated subset of methods to run")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("samattn.bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = list(SUITES) if args.suites == ["all"] else args.suites
+    names = [n for n in names if n != "default"] if "all" in args.suites else names
+    methods = all_methods()
+    chosen = set(args.methods.split(",")) if args.methods else None
+    env = report.environment()
+    print(f"{env['gpu']} ({env['sms']} SMs), torch {env['torch']}, CUDA {env['cuda']}, "
+          f"samattn {env['samattn']} ({env['commit']})")
+    rows = []
+    for name in names:
+        if name in PENDING:
+            print(f"suite {name}: n/a ({PENDING[name]})")
+            continue
+        if name not in SUITES:
+            parser.error(f"unknown suite {name!r}")
+        configs, method_names = SUITES[name](args.quick)
+        selected = [methods[m] for m in method_names if chosen is None or m in chosen]
+        total = len(configs) * len(selected)
+        done = 0
+        started = time.time()
+
+        def progress(cfg, row):
+            nonlocal done
+            done += 1
+            bar = "#" * (30 * done // total)
+            status = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row["status"]
+            print(f"[{bar:<30}] {done}/{total} {time.time() - started:5.0f}s  {cfg.label()}  "
+                  f"{row['method']}: {status}", flush=True)
+
+        for cfg in configs:
+            suite_rows = run_config(cfg, selected, quick=args.quick, latency=name == "small",
+                                    progress=progress)
+            for row in suite_rows:
+                row["suite"] = name
+            rows += suite_rows
+    speedups(rows)
+    report.print_table(rows)
+    paths = report.write(rows, env, args.out, "_".join(names))
+    print("\nwrote " + ", ".join(paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
