@@ -50,4 +50,39 @@ struct ForwardConfig {
   static_assert(kSmemBytes <= 48 * 1024, "SIMT forward tile exceeds 48 KiB of shared memory");
 };
 
+// The kernel for narrow heads keeps the whole Q tile resident in shared memory and stages whole
+// K and V tiles, prefetched into registers one key block ahead, so a key block costs four
+// barriers instead of one per head-dimension chunk. K and P share one buffer: P is written only
+// after every thread has finished reading K.
+template <typename Acc, int kHeadDimBucket>
+struct ResidentForwardConfig {
+  static constexpr bool kApplies = kHeadDimBucket * int(sizeof(Acc)) <= 256;
+  static constexpr int kThreads = 256;
+  // Two blocks per multiprocessor caps registers at 128 per thread: 16 warps hide the latency
+  // the register prefetch does not.
+  static constexpr int kMinBlocks = 2;
+  static constexpr int kRowGroups = 16;
+  static constexpr int kThreadsPerRow = kThreads / kRowGroups;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = sizeof(Acc) == 8 ? 32 : 64;
+  static constexpr int kRowsPerThread = kBlockM / kRowGroups;
+  static constexpr int kKeysPerThread = kBlockN / kThreadsPerRow;
+  static constexpr int kOutColsPerThread = kHeadDimBucket / kThreadsPerRow;
+  static constexpr int kPad = 16 / sizeof(Acc);
+  static constexpr int kStrideM = kBlockM + kPad;
+  static constexpr int kStrideN = kBlockN + kPad;
+
+  static constexpr int kQTileElems = kHeadDimBucket * kStrideM;  // (dim, query)
+  static constexpr int kKTileElems = kHeadDimBucket * kStrideN;  // (dim, key)
+  static constexpr int kPTileElems = kBlockN * kStrideM;         // (key, query)
+  static constexpr int kKPTileElems = kKTileElems > kPTileElems ? kKTileElems : kPTileElems;
+  static constexpr int kVTileElems = kBlockN * kHeadDimBucket;   // (key, dim)
+  static constexpr int kSmemBytes =
+      (kQTileElems + kKPTileElems + kVTileElems) * int(sizeof(Acc));
+
+  static_assert(kThreadsPerRow == 16, "row reductions use xor-shuffles within 16 lanes");
+  // The opt-in limit of the smallest target (sm_75) is 64 KiB.
+  static_assert(!kApplies || kSmemBytes <= 64 * 1024, "resident tile exceeds 64 KiB");
+};
+
 }  // namespace samattn::simt
