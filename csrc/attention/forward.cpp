@@ -1,9 +1,13 @@
 // attention_forward: validate, derive the kernel parameters once, pick a backend, launch.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "attention/kernel_params.h"
 #include "attention/simt/forward_launch.h"
+#include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
+#include "common/check.h"
 #include "samattn/attention.h"
 
 namespace samattn {
@@ -41,18 +45,34 @@ detail::ForwardKernelParams make_kernel_params(const AttentionParams& p) {
   return k;
 }
 
+// Read on every call, so tests and users can flip it at run time.
+bool simt_forced_by_environment() {
+  const char* value = std::getenv("SAMATTN_FORCE_SIMT");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 }  // namespace
 
 Backend select_backend(const AttentionParams& params) {
-  (void)params;
-  return Backend::kSimt;
+  if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
+  const Status tensor_core = tensor_core::supports(params);
+  if (params.backend == Backend::kTensorCore) {
+    SAMATTN_CHECK(tensor_core.ok(), tensor_core.message());
+    return Backend::kTensorCore;
+  }
+  return tensor_core.ok() ? Backend::kTensorCore : Backend::kSimt;
 }
 
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
+  const Backend backend = select_backend(params);
   const detail::ForwardKernelParams kernel_params = make_kernel_params(params);
-  simt::dispatch_forward(params.dtype, kernel_params, stream);
+  if (backend == Backend::kTensorCore) {
+    tensor_core::dispatch_forward(params.dtype, kernel_params, stream);
+  } else {
+    simt::dispatch_forward(params.dtype, kernel_params, stream);
+  }
 }
 
 }  // namespace samattn

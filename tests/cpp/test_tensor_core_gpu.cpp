@@ -1,0 +1,356 @@
+// The tensor-core forward (fp16/bf16 on sm80+) against the fp64 reference, and the backend
+// selection. The tensor-core path rounds P to the input type before P.V, so its bound follows
+// FlashAttention-3: max|out - ref| <= 2 * max|emulated - ref| + atol, where `emulated` is the fp64
+// reference with the same roundings done on the host (low_precision_reference below).
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "test_support.h"
+
+namespace samattn::testing {
+namespace {
+
+bool tensor_cores_available() {
+  if (!gpu_available()) return false;
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 8;
+}
+
+#define SKIP_WITHOUT_TENSOR_CORES()                                                          \
+  do {                                                                                       \
+    if (!tensor_cores_available()) GTEST_SKIP() << "no CUDA GPU of compute capability 8.0+"; \
+  } while (0)
+
+double round_to(DType dtype, double x) {
+  HostTensor one(dtype, 1);
+  one.set(0, x);
+  return one.get(0);
+}
+
+// The fp64 reference with the tensor-core path's roundings: P = exp(s - max) (unnormalised, in
+// (0, 1]) rounded to the input type before it multiplies V, the row sum over the unrounded P,
+// and the output rounded. Inputs are already in the input type, so scores are exact in double.
+HostTensor low_precision_reference(const Problem& pb) {
+  const AttentionParams& p = pb.params;
+  const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  HostTensor out(pb.dtype, pb.out.size());
+  std::vector<double> scores(p.seqlen_k), accum(p.head_dim_v);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t hk = h / (p.heads_q / p.heads_kv);
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const auto visible = [&](int64_t j) {
+          return j % p.kv_stride == 0 && (!p.causal || j <= i);
+        };
+        double row_max = neg_inf;
+        for (int64_t j = 0; j < p.seqlen_k; ++j) {
+          if (!visible(j)) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            dot +=
+                pb.q.get(b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
+                pb.k.get(b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
+          }
+          scores[j] = dot * scale;
+          if (std::isnan(scores[j]) || scores[j] > row_max) row_max = scores[j];
+        }
+        std::fill(accum.begin(), accum.end(), 0.0);
+        double sum = 0;
+        if (row_max != neg_inf) {
+          for (int64_t j = 0; j < p.seqlen_k; ++j) {
+            if (!visible(j)) continue;
+            const double weight = std::exp(scores[j] - row_max);
+            const double rounded = round_to(pb.dtype, weight);
+            sum += weight;
+            for (int64_t d = 0; d < p.head_dim_v; ++d) {
+              accum[d] += rounded * pb.v.get(b * p.v_strides.batch + hk * p.v_strides.head +
+                                             j * p.v_strides.seq + d);
+            }
+          }
+        }
+        const int64_t o = b * p.out_strides.batch + h * p.out_strides.head + i * p.out_strides.seq;
+        for (int64_t d = 0; d < p.head_dim_v; ++d) out.set(o + d, sum == 0 ? 0 : accum[d] / sum);
+      }
+    }
+  }
+  return out;
+}
+
+// Unit roundoff of the output type: the absolute slack of the bound, scaled by max|ref| (FA3
+// uses twice the rounding error of values near 0.3, about the same).
+double unit_roundoff(DType dtype) {
+  return dtype == DType::kFloat16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+}
+
+::testing::AssertionResult within_fa3_bound(const HostTensor& out, const HostTensor& emulated,
+                                            const HostTensor& ref, DType dtype) {
+  double scale = 0, err = 0, emulated_err = 0;
+  for (int64_t i = 0; i < ref.size(); ++i) {
+    const double r = ref.get(i), o = out.get(i);
+    if (std::isnan(r) != std::isnan(o)) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << o << ", expected " << r << " (NaN mismatch)";
+    }
+    if (std::isnan(r)) continue;
+    scale = std::max(scale, std::fabs(r));
+    err = std::max(err, std::fabs(o - r));
+    emulated_err = std::max(emulated_err, std::fabs(emulated.get(i) - r));
+  }
+  const double bound = 2 * emulated_err + unit_roundoff(dtype) * scale;
+  if (err <= bound) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "max error " << err << " exceeds 2 * " << emulated_err << " + atol = " << bound;
+}
+
+struct Scenario {
+  std::string name;
+  Shape shape;
+  bool causal = false;
+  int64_t kv_stride = 1;
+  bool seq_major = false;
+  double scale = 0;  // 0: default 1/sqrt(head_dim)
+};
+
+std::vector<Scenario> scenarios() {
+  std::vector<Scenario> list;
+  for (int64_t d : {32, 64, 96, 128, 192, 256}) {
+    const std::string dim = "d" + std::to_string(d);
+    list.push_back({"dense_" + dim, {2, 3, 3, 77, 129, d, d}});
+    list.push_back({"causal_" + dim, {1, 2, 2, 129, 129, d, d}, true});
+    list.push_back({"causal_sq_gt_sk_" + dim, {1, 2, 2, 200, 77, d, d}, true});
+  }
+  list.push_back({"long_1000", {1, 2, 2, 1000, 1000, 128, 128}, false, 1, false, 0.3});
+  list.push_back({"long_1000_causal", {1, 2, 2, 1000, 1000, 64, 64}, true});
+  list.push_back({"causal_sq_lt_sk", {1, 2, 2, 77, 300, 64, 64}, true});
+  list.push_back({"sq_lt_sk", {2, 2, 2, 129, 1000, 96, 96}});
+  list.push_back({"single_query", {3, 2, 2, 1, 1000, 128, 128}});
+  list.push_back({"single_query_causal", {3, 2, 2, 1, 77, 64, 64}, true});
+  list.push_back({"seqlen_1", {2, 2, 2, 1, 1, 32, 32}});
+  list.push_back({"kv_stride4", {1, 2, 2, 200, 333, 64, 64}, false, 4});
+  list.push_back({"kv_stride4_causal", {1, 2, 2, 257, 257, 128, 128}, true, 4});
+  list.push_back({"gqa_8to1", {2, 8, 1, 130, 140, 128, 128}});
+  list.push_back({"gqa_8to1_causal", {1, 8, 1, 140, 140, 64, 64}, true});
+  list.push_back({"seq_major", {2, 4, 2, 150, 170, 64, 64}, false, 1, true});
+  list.push_back({"seq_major_causal", {1, 4, 4, 129, 129, 128, 128}, true, 1, true});
+  list.push_back({"negative_scale", {1, 2, 2, 70, 90, 64, 64}, false, 1, false, -0.2});
+  list.push_back({"no_keys", {1, 2, 2, 10, 0, 64, 64}});
+  return list;
+}
+
+struct Case {
+  Scenario scenario;
+  DType dtype;
+};
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const Scenario& s : scenarios()) cases.push_back({s, dtype});
+  }
+  return cases;
+}
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << dtype_name(c.dtype) << "/" << c.scenario.name;
+}
+
+// Runs `pb` on the device with `backend`; returns the output and (float) lse per row.
+HostTensor run_on_device(const Problem& pb, Backend backend, std::vector<double>* lse_out) {
+  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);  // out holds the poison pattern
+  const int64_t rows = pb.shape.batch * pb.shape.heads_q * pb.shape.seqlen_q;
+  DeviceBuffer lse(rows * sizeof(float));
+  if (rows > 0) EXPECT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
+  AttentionParams p = pb.params;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.lse = lse_out != nullptr ? lse.get() : nullptr;
+  p.backend = backend;
+  attention_forward(p, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(pb.dtype, pb.out.size());
+  out.download(got.data());
+  if (lse_out != nullptr) {
+    std::vector<float> lse32(rows);
+    lse.download(lse32.data());
+    lse_out->assign(lse32.begin(), lse32.end());
+  }
+  return got;
+}
+
+class TensorCoreGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorCoreGpu, MatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const Scenario& sc = GetParam().scenario;
+  const DType dtype = GetParam().dtype;
+  Problem pb(sc.shape, dtype, sc.seq_major, /*seed=*/std::hash<std::string>{}(sc.name));
+  pb.params.causal = sc.causal;
+  pb.params.kv_stride = sc.kv_stride;
+  if (sc.scale != 0) pb.params.softmax_scale = sc.scale;
+  const HostTensor expected = pb.reference(/*with_lse=*/true);
+  const HostTensor emulated = low_precision_reference(pb);
+
+  std::vector<double> lse;
+  const HostTensor got = run_on_device(pb, Backend::kTensorCore, &lse);
+  EXPECT_TRUE(within_fa3_bound(got, emulated, expected, dtype));
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(pb.lse[i])) {
+      EXPECT_EQ(lse[i], pb.lse[i]) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) + "_" +
+                                  info.param.scenario.name;
+                         });
+
+TEST(TensorCoreGpuRuns, NanInOneQueryPoisonsOnlyItsRow) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  Problem pb({1, 1, 1, 40, 100, 64, 64}, DType::kBFloat16);
+  pb.q.set(5 * 64 + 3, std::nan(""));  // query row 5
+  const HostTensor got = run_on_device(pb, Backend::kTensorCore, nullptr);
+  for (int64_t i = 0; i < 40; ++i) {
+    for (int64_t d = 0; d < 64; ++d) {
+      EXPECT_EQ(std::isnan(got.get(i * 64 + d)), i == 5) << "row " << i << " dim " << d;
+    }
+  }
+}
+
+TEST(TensorCoreGpuRuns, RerunsAreBitIdentical) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  Problem pb({2, 4, 4, 300, 300, 128, 128}, DType::kFloat16);
+  pb.params.causal = true;
+  const HostTensor first = run_on_device(pb, Backend::kTensorCore, nullptr);
+  const HostTensor second = run_on_device(pb, Backend::kTensorCore, nullptr);
+  EXPECT_EQ(first.bytes, second.bytes);
+}
+
+// Restores SAMATTN_FORCE_SIMT when a test that sets it ends.
+class ScopedForceSimt {
+ public:
+  explicit ScopedForceSimt(const char* value) {
+    if (const char* old = std::getenv("SAMATTN_FORCE_SIMT")) saved_ = old;
+    setenv("SAMATTN_FORCE_SIMT", value, 1);
+  }
+  ~ScopedForceSimt() {
+    if (saved_) {
+      setenv("SAMATTN_FORCE_SIMT", saved_->c_str(), 1);
+    } else {
+      unsetenv("SAMATTN_FORCE_SIMT");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// Device pointers, so the alignment checks see what a real call would.
+struct DeviceProblem {
+  Problem pb;
+  DeviceBuffer q, k, v, out;
+  explicit DeviceProblem(const Shape& shape, DType dtype = DType::kFloat16)
+      : pb(shape, dtype), q(pb.q), k(pb.k), v(pb.v), out(pb.out) {
+    pb.params.q = q.get();
+    pb.params.k = k.get();
+    pb.params.v = v.get();
+    pb.params.out = out.get();
+  }
+};
+
+TEST(SelectBackend, PicksTensorCoresForSupportedCalls) {
+  SKIP_WITHOUT_GPU();
+  DeviceProblem dp({1, 2, 2, 64, 64, 64, 64});
+  const Backend expected = tensor_cores_available() ? Backend::kTensorCore : Backend::kSimt;
+  EXPECT_EQ(select_backend(dp.pb.params), expected);
+  dp.pb.params.backend = Backend::kSimt;
+  EXPECT_EQ(select_backend(dp.pb.params), Backend::kSimt);
+}
+
+TEST(SelectBackend, UnsupportedHeadDimFallsBackToSimt) {
+  Problem pb({1, 2, 2, 16, 16, 72, 72}, DType::kFloat16);
+  EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
+  Problem mixed({1, 2, 2, 16, 16, 64, 32}, DType::kBFloat16);
+  EXPECT_EQ(select_backend(mixed.params), Backend::kSimt);
+}
+
+TEST(SelectBackend, Float32StaysOnSimt) {
+  Problem pb({1, 2, 2, 16, 16, 64, 64}, DType::kFloat32);
+  EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
+  pb.params.allow_tf32 = true;
+  EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
+}
+
+TEST(SelectBackend, EnvironmentForcesSimt) {
+  Problem pb({1, 2, 2, 16, 16, 64, 64}, DType::kFloat16);
+  const ScopedForceSimt force("1");
+  EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
+  pb.params.backend = Backend::kTensorCore;
+  EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
+}
+
+TEST(SelectBackend, ForcingTensorCoresOnUnsupportedHeadDimThrows) {
+  Problem pb({1, 2, 2, 16, 16, 72, 72}, DType::kFloat16);
+  pb.params.backend = Backend::kTensorCore;
+  try {
+    select_backend(pb.params);
+    FAIL() << "expected samattn::Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("backend tensor_core does not support head_dim 72 "
+                        "(supported: 32, 64, 96, 128, 192, 256)"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(SelectBackend, ForcingTensorCoresOnFloat32Throws) {
+  Problem pb({1, 2, 2, 16, 16, 64, 64}, DType::kFloat32);
+  pb.params.backend = Backend::kTensorCore;
+  EXPECT_THROW(select_backend(pb.params), Error);
+}
+
+TEST(SelectBackend, MisalignedStridesFallBackToSimt) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  // Rows 68 elements apart (136 bytes): not a multiple of 16 bytes.
+  Shape shape{1, 2, 2, 50, 60, 64, 64};
+  Problem pb(shape, DType::kFloat16);
+  HostTensor wide_q(DType::kFloat16, 2 * 50 * 68);
+  fill_random(wide_q, 7);
+  pb.q = wide_q;
+  pb.params.q_strides = Strides{2 * 50 * 68, 50 * 68, 68};
+  const HostTensor expected = pb.reference();
+  DeviceProblem dp(shape);
+  DeviceBuffer q(pb.q);
+  AttentionParams p = pb.params;
+  p.q = q.get();
+  p.k = dp.k.get();
+  p.v = dp.v.get();
+  p.out = dp.out.get();
+  dp.k.upload(pb.k);
+  dp.v.upload(pb.v);
+  EXPECT_EQ(select_backend(p), Backend::kSimt);
+  p.backend = Backend::kTensorCore;
+  EXPECT_THROW(select_backend(p), Error);
+  p.backend = Backend::kAuto;
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(DType::kFloat16, pb.out.size());
+  dp.out.download(got.data());
+  EXPECT_TRUE(all_close(got, expected, DType::kFloat16));
+}
+
+}  // namespace
+}  // namespace samattn::testing
