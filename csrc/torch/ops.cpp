@@ -1,6 +1,7 @@
 // The samattn torch operators: CUDA kernels under the CUDA key, the fp64 reference under the CPU
 // key. Shapes and dtypes of the results for torch.compile come from register_fake in Python.
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
 
@@ -60,6 +61,22 @@ void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
   run_forward(params, query);
 }
 
+// The name of the kernel family that would run this call ("simt" or "tensor_core").
+std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
+                                const at::Tensor& value, bool causal, int64_t kv_stride,
+                                c10::string_view backend) {
+  AttentionParams params = make_forward_params(
+      query, key, value, {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  TORCH_CHECK_VALUE(query.is_cuda(), "samattn: selected_backend needs CUDA tensors; CPU tensors "
+                    "always run the fp64 reference");
+  const c10::cuda::CUDAGuard guard(query.device());
+  try {
+    return backend_name(select_backend(params));
+  } catch (const Error& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(samattn, m) {
@@ -70,11 +87,15 @@ TORCH_LIBRARY(samattn, m) {
   m.def(
       "attention_forward_into(Tensor query, Tensor key, Tensor value, Tensor(a!) out, "
       "float? scale=None, bool causal=False, int kv_stride=1, str backend='auto') -> ()");
+  m.def(
+      "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
+      "int kv_stride=1, str backend='auto') -> str");
 }
 
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
   m.impl("attention_forward", &attention_forward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);
+  m.impl("selected_backend", &selected_backend_op);
 }
 
 TORCH_LIBRARY_IMPL(samattn, CPU, m) {

@@ -10,6 +10,7 @@ from samattn.functional import (
     attention,
     fused_attention,
     scaled_dot_product_attention,
+    selected_backend,
     self_attention,
     strided_attention,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "nn",
     "ops",
     "scaled_dot_product_attention",
+    "selected_backend",
     "self_attention",
     "strided_attention",
 ]

@@ -35,6 +35,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     return (out, lse) if return_lse else out
 
 
+def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                     kv_stride: int = 1, backend: str = "auto") -> str:
+    """Which kernel family samattn.attention would run for these CUDA tensors on this GPU:
+    "simt" or "tensor_core". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is honoured."""
+    return ops.selected_backend(q, k, v, causal, kv_stride, backend)
+
+
 def _as_4d(t: Tensor, name: str) -> Tensor:
     if t.dim() == 4:
         return t

@@ -67,6 +67,57 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> No
             f"{err.max().item():.3e}")
 
 
+def lowp_reference(q, k, v, *, causal=False, scale=None, kv_stride=1):
+    """A same-dtype reference for tensor-core kernels: float64 arithmetic, but P = exp(s - max)
+    rounded to the input dtype before P @ V (as the kernels feed P to the tensor cores), the row
+    sum taken from the unrounded P, and the output rounded to the dtype."""
+    dtype = q.dtype
+    q64, k64, v64 = q.double(), k[:, :, ::kv_stride].double(), v[:, :, ::kv_stride].double()
+    group = q.shape[1] // k.shape[1]
+    k64, v64 = k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q64 @ k64.transpose(-1, -2)) * scale
+    if causal:
+        positions = torch.arange(k64.shape[2], device=q.device) * kv_stride
+        hidden = positions[None, :] > torch.arange(q.shape[2], device=q.device)[:, None]
+        scores = scores.masked_fill(hidden, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
+    probs = torch.exp(scores - row_max)
+    out = (probs.to(dtype).double() @ v64) / probs.sum(dim=-1, keepdim=True)
+    return out.nan_to_num(nan=0.0).to(dtype).double()
+
+
+_UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def assert_close_tensor_core(out, ref, lowp_ref, dtype):
+    """FlashAttention-3's rule for kernels that round P: the maximum error against the fp64
+    reference is at most twice that of the same-dtype reference, plus one unit roundoff of the
+    output scale."""
+    got = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    lowp_ref = lowp_ref.detach().double().cpu()
+    assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} NaN elements"
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    ours = (got - ref).abs().max().item() if ref.numel() else 0.0
+    baseline = (lowp_ref - ref).abs().max().item() if ref.numel() else 0.0
+    bound = 2 * baseline + _UNIT_ROUNDOFF[dtype] * scale
+    assert ours <= bound, (f"max error {ours:.3e} exceeds 2 x same-dtype reference error "
+                           f"{baseline:.3e} + u*scale ({bound:.3e})")
+
+
+def check_against_reference(out, q, k, v, *, backend="auto", **options):
+    """Checks `out` against the fp64 reference with the rule of the kernel that produced it."""
+    ref, _ = reference_attention(q, k, v, **options)
+    used = samattn.selected_backend(q, k, v, causal=options.get("causal", False),
+                                    kv_stride=options.get("kv_stride", 1), backend=backend)
+    if used == "tensor_core":
+        assert_close_tensor_core(out, ref, lowp_reference(q, k, v, **options), q.dtype)
+    else:
+        assert_close(out, ref, q.dtype)
+    return used
+
+
 def randn(*shape, dtype=torch.float32, device="cpu", generator=None):
     return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device,
                                                                             dtype=dtype)
