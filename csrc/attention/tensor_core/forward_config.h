@@ -34,21 +34,20 @@ struct TileShape {
 //    thread at 32 rows; one block per SM (128-135 KiB of shared memory at hdim 256).
 //  - kBlockN = 128 for hdim <= 64, where the per-iteration softmax, shuffles and barriers are
 //    large next to the mmas; 64 above, so S stays small next to the growing O.
+struct HeadDimTiles {
+  int head_dim;
+  TileShape shape;
+};
+inline constexpr HeadDimTiles kTileShapes[] = {
+    {32, {4, 2, 64, 2}},  {64, {4, 2, 64, 2}},  {96, {4, 2, 64, 2}},
+    {128, {4, 2, 64, 2}}, {192, {8, 1, 64, 1}}, {256, {8, 1, 64, 1}},
+};
+
 constexpr TileShape tile_shape(int head_dim) {
-  switch (head_dim) {
-    case 32:
-      return {4, 2, 64, 2};
-    case 64:
-      return {4, 2, 64, 2};
-    case 96:
-      return {4, 2, 64, 2};
-    case 128:
-      return {4, 2, 64, 2};
-    case 192:
-      return {8, 1, 64, 1};
-    default:
-      return {8, 1, 64, 1};
+  for (const HeadDimTiles& entry : kTileShapes) {
+    if (entry.head_dim == head_dim) return entry.shape;
   }
+  return {4, 1, 64, 1};  // not instantiated: is_supported_head_dim() gates every use
 }
 
 template <int kHeadDim>
