@@ -23,24 +23,25 @@ struct TileShape {
   int min_blocks_per_sm;  // __launch_bounds__ occupancy target (caps registers per thread)
 };
 
-// FlashAttention-2's sm80 tile shapes (numbers and reasoning in benchmarks/NOTES.md):
-//  - kBlockM = 128 everywhere: every block streams all of its head's K and V, so L2 traffic is
-//    (seqlen_q / kBlockM) * |K + V|; 64-row blocks would double it and approach L2 bandwidth on
-//    H100 at long sequences.
-//  - Up to hdim 128, 4 warps of 32 rows: a K or V fragment read from shared memory feeds two
-//    mmas, and at <= 255 registers two blocks share an SM, so one block's softmax overlaps the
-//    other's mmas across the barriers.
-//  - hdim 192 and 256: 8 warps of 16 rows, since O alone would need 192 or 256 registers per
-//    thread at 32 rows; one block per SM (128-135 KiB of shared memory at hdim 256).
-//  - kBlockN = 128 for hdim <= 64, where the per-iteration softmax, shuffles and barriers are
-//    large next to the mmas; 64 above, so S stays small next to the growing O.
+// Tile shapes per head dim, chosen by measurement on H100 (bf16, benchmarks/NOTES.md):
+//  - hdim <= 128: kBlockM = 128 as 4 warps of 32 rows (two 16-row mma tiles per warp), as in
+//    FlashAttention-2. Each K/V fragment read from shared memory feeds two mmas; every block
+//    streams all of its head's K and V, so 128 rows halve L2 traffic against 64; and at <= 255
+//    registers two blocks share an SM, so one block's softmax overlaps the other's mmas.
+//    (64 x 64 blocks of 16-row warps measured 10-20% slower at hdim 96 and 128.)
+//  - kBlockN: 128 at hdim 32 and 96 at hdim 64, where the per-iteration softmax, shuffles and
+//    barriers are large next to the mmas (hdim 64 at 128 spills: S alone is 128 registers);
+//    64 above, so S stays small next to the growing O.
+//  - hdim 192 and 256: 64 x 64 blocks of 4 warps of 16 rows (O alone is 96 or 128 registers per
+//    thread). Two blocks fit an H100 SM (77 / 99 KiB of shared memory each); FA2's A100 choice
+//    of 128 x 64 with 8 warps fits only one and measured 10% slower on H100.
 struct HeadDimTiles {
   int head_dim;
   TileShape shape;
 };
 inline constexpr HeadDimTiles kTileShapes[] = {
-    {32, {4, 2, 64, 2}},  {64, {4, 2, 64, 2}},  {96, {4, 2, 64, 2}},
-    {128, {4, 2, 64, 2}}, {192, {8, 1, 64, 1}}, {256, {8, 1, 64, 1}},
+    {32, {4, 2, 128, 2}}, {64, {4, 2, 96, 2}},  {96, {4, 2, 64, 2}},
+    {128, {4, 2, 64, 2}}, {192, {4, 1, 64, 2}}, {256, {4, 1, 64, 2}},
 };
 
 constexpr TileShape tile_shape(int head_dim) {
