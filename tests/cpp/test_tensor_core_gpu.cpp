@@ -1,9 +1,11 @@
-// The tensor-core forward (fp16/bf16 on sm80+) against the fp64 reference, and the backend
-// selection. The tensor-core path rounds P to the input type before P.V, so its bound follows
-// FlashAttention-3: max|out - ref| <= 2 * max|emulated - ref| + atol, where `emulated` is the fp64
-// reference with the same roundings done on the host (low_precision_reference below).
+// The tensor-core forward (fp16/bf16, and float32 in TF32, on sm80+) against the fp64 reference,
+// and the backend selection. The tensor-core path rounds P (and, in TF32, the inputs) before its
+// products, so its bound follows FlashAttention-3: max|out - ref| <= 2 * max|emulated - ref| +
+// atol, where `emulated` is the fp64 reference with the same roundings done on the host
+// (low_precision_reference below).
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -27,20 +29,42 @@ bool tensor_cores_available() {
     if (!tensor_cores_available()) GTEST_SKIP() << "no CUDA GPU of compute capability 8.0+"; \
   } while (0)
 
-double round_to(DType dtype, double x) {
+// Round to nearest, ties away from zero, to a 10-bit mantissa: what cvt.rna.tf32.f32 does.
+double round_to_tf32(double x) {
+  const float f = static_cast<float>(x);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  bits = (bits + 0x1000u) & ~0x1fffu;
+  float rounded;
+  std::memcpy(&rounded, &bits, sizeof(rounded));
+  return rounded;
+}
+
+// The type the tensor-core path rounds operands to: the input type, or TF32 for float32.
+double round_operand(DType dtype, double x) {
+  if (dtype == DType::kFloat32) return round_to_tf32(x);
   HostTensor one(dtype, 1);
   one.set(0, x);
   return one.get(0);
 }
 
-// The fp64 reference with the tensor-core path's roundings: P = exp(s - max) (unnormalised, in
-// (0, 1]) rounded to the input type before it multiplies V, the row sum over the unrounded P,
-// and the output rounded. Inputs are already in the input type, so scores are exact in double.
-HostTensor low_precision_reference(const Problem& pb) {
+struct Emulated {
+  HostTensor out;
+  std::vector<double> lse;
+};
+
+// The fp64 reference with the tensor-core path's roundings: inputs rounded to the operand type
+// (a no-op for fp16/bf16), P = exp(s - max) (unnormalised, in (0, 1]) rounded to it before it
+// multiplies V, the row sum over the unrounded P, the output rounded to the input type. Scores
+// of rounded operands are exact in double.
+Emulated low_precision_reference(const Problem& pb) {
   const AttentionParams& p = pb.params;
   const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  HostTensor out(pb.dtype, pb.out.size());
+  const auto operand = [&](const HostTensor& t, int64_t i) {
+    return round_operand(pb.dtype, t.get(i));
+  };
+  Emulated result{HostTensor(pb.dtype, pb.out.size()), {}};
   std::vector<double> scores(p.seqlen_k), accum(p.head_dim_v);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -54,9 +78,10 @@ HostTensor low_precision_reference(const Problem& pb) {
           if (!visible(j)) continue;
           double dot = 0;
           for (int64_t d = 0; d < p.head_dim; ++d) {
-            dot +=
-                pb.q.get(b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
-                pb.k.get(b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
+            dot += operand(pb.q,
+                           b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
+                   operand(pb.k,
+                           b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
           }
           scores[j] = dot * scale;
           if (std::isnan(scores[j]) || scores[j] > row_max) row_max = scores[j];
@@ -67,26 +92,29 @@ HostTensor low_precision_reference(const Problem& pb) {
           for (int64_t j = 0; j < p.seqlen_k; ++j) {
             if (!visible(j)) continue;
             const double weight = std::exp(scores[j] - row_max);
-            const double rounded = round_to(pb.dtype, weight);
+            const double rounded = round_operand(pb.dtype, weight);
             sum += weight;
             for (int64_t d = 0; d < p.head_dim_v; ++d) {
-              accum[d] += rounded * pb.v.get(b * p.v_strides.batch + hk * p.v_strides.head +
-                                             j * p.v_strides.seq + d);
+              accum[d] += rounded * operand(pb.v, b * p.v_strides.batch + hk * p.v_strides.head +
+                                                      j * p.v_strides.seq + d);
             }
           }
         }
         const int64_t o = b * p.out_strides.batch + h * p.out_strides.head + i * p.out_strides.seq;
-        for (int64_t d = 0; d < p.head_dim_v; ++d) out.set(o + d, sum == 0 ? 0 : accum[d] / sum);
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          result.out.set(o + d, sum == 0 ? 0 : accum[d] / sum);
+        }
+        result.lse.push_back(sum == 0 ? neg_inf : row_max + std::log(sum));
       }
     }
   }
-  return out;
+  return result;
 }
 
-// Unit roundoff of the output type: the absolute slack of the bound, scaled by max|ref| (FA3
+// Unit roundoff of the operand type: the absolute slack of the bound, scaled by max|ref| (FA3
 // uses twice the rounding error of values near 0.3, about the same).
 double unit_roundoff(DType dtype) {
-  return dtype == DType::kFloat16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  return dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);  // fp16, TF32
 }
 
 ::testing::AssertionResult within_fa3_bound(const HostTensor& out, const HostTensor& emulated,
@@ -151,7 +179,7 @@ struct Case {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
     for (const Scenario& s : scenarios()) cases.push_back({s, dtype});
   }
   return cases;
@@ -196,17 +224,21 @@ TEST_P(TensorCoreGpu, MatchesReference) {
   pb.params.causal = sc.causal;
   pb.params.kv_stride = sc.kv_stride;
   if (sc.scale != 0) pb.params.softmax_scale = sc.scale;
+  pb.params.allow_tf32 = true;  // float32 runs in TF32
   const HostTensor expected = pb.reference(/*with_lse=*/true);
-  const HostTensor emulated = low_precision_reference(pb);
+  const Emulated emulated = low_precision_reference(pb);
 
   std::vector<double> lse;
   const HostTensor got = run_on_device(pb, Backend::kTensorCore, &lse);
-  EXPECT_TRUE(within_fa3_bound(got, emulated, expected, dtype));
+  EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
+  // fp16/bf16 scores are exact products summed in fp32, so lse matches the fp64 reference; TF32
+  // rounds q and k first, so lse is held to the reference on the rounded inputs.
+  const std::vector<double>& lse_ref = dtype == DType::kFloat32 ? emulated.lse : pb.lse;
   for (size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(pb.lse[i])) {
-      EXPECT_EQ(lse[i], pb.lse[i]) << "row " << i;
+    if (std::isinf(lse_ref[i])) {
+      EXPECT_EQ(lse[i], lse_ref[i]) << "row " << i;
     } else {
-      EXPECT_NEAR(lse[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+      EXPECT_NEAR(lse[i], lse_ref[i], 1e-5 * (1 + std::fabs(lse_ref[i]))) << "row " << i;
     }
   }
 }
@@ -286,11 +318,19 @@ TEST(SelectBackend, UnsupportedHeadDimFallsBackToSimt) {
   EXPECT_EQ(select_backend(mixed.params), Backend::kSimt);
 }
 
-TEST(SelectBackend, Float32StaysOnSimt) {
+TEST(SelectBackend, Float32StaysOnSimtWithoutTf32) {
   Problem pb({1, 2, 2, 16, 16, 64, 64}, DType::kFloat32);
   EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
-  pb.params.allow_tf32 = true;
-  EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
+  pb.params.backend = Backend::kTensorCore;
+  EXPECT_THROW(select_backend(pb.params), Error);
+}
+
+TEST(SelectBackend, Float32WithTf32UsesTensorCores) {
+  SKIP_WITHOUT_GPU();
+  DeviceProblem dp({1, 2, 2, 64, 64, 64, 64}, DType::kFloat32);
+  dp.pb.params.allow_tf32 = true;
+  const Backend expected = tensor_cores_available() ? Backend::kTensorCore : Backend::kSimt;
+  EXPECT_EQ(select_backend(dp.pb.params), expected);
 }
 
 TEST(SelectBackend, EnvironmentForcesSimt) {
@@ -314,12 +354,6 @@ TEST(SelectBackend, ForcingTensorCoresOnUnsupportedHeadDimThrows) {
               std::string::npos)
         << error.what();
   }
-}
-
-TEST(SelectBackend, ForcingTensorCoresOnFloat32Throws) {
-  Problem pb({1, 2, 2, 16, 16, 64, 64}, DType::kFloat32);
-  pb.params.backend = Backend::kTensorCore;
-  EXPECT_THROW(select_backend(pb.params), Error);
 }
 
 TEST(SelectBackend, MisalignedStridesFallBackToSimt) {

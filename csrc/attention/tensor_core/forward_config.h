@@ -6,7 +6,8 @@
 
 namespace samattn::tensor_core {
 
-// Head dimensions with an instantiation; q and v must share it. Anything else runs on SIMT.
+// Head dimensions with an instantiation (fp16, bf16 and float with TF32); q and v must share
+// it. Anything else runs on SIMT.
 inline constexpr int kSupportedHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 constexpr bool is_supported_head_dim(int64_t head_dim) {
@@ -39,21 +40,41 @@ struct HeadDimTiles {
   int head_dim;
   TileShape shape;
 };
-inline constexpr HeadDimTiles kTileShapes[] = {
+inline constexpr HeadDimTiles kTileShapes16Bit[] = {
     {32, {4, 2, 128, 2}}, {64, {4, 2, 96, 2}},  {96, {4, 2, 64, 2}},
     {128, {4, 2, 64, 2}}, {192, {4, 1, 64, 2}}, {256, {4, 1, 64, 2}},
 };
+// float (TF32) tiles take twice the shared memory per element: fewer keys per block keep two
+// blocks per SM on H100 and every tile within the 99 KiB opt-in of sm86/sm89.
+inline constexpr HeadDimTiles kTileShapesTf32[] = {
+    {32, {4, 2, 64, 2}},  {64, {4, 2, 64, 2}},  {96, {4, 2, 32, 2}},
+    {128, {4, 2, 32, 2}}, {192, {4, 1, 32, 2}}, {256, {4, 1, 16, 2}},
+};
 
-constexpr TileShape tile_shape(int head_dim) {
-  for (const HeadDimTiles& entry : kTileShapes) {
+constexpr TileShape tile_shape(int64_t head_dim, int element_bytes) {
+  for (const HeadDimTiles& entry : element_bytes == 4 ? kTileShapesTf32 : kTileShapes16Bit) {
     if (entry.head_dim == head_dim) return entry.shape;
   }
   return {4, 1, 64, 1};  // not instantiated: is_supported_head_dim() gates every use
 }
 
-template <int kHeadDim>
+// Shared tiles are row-major with one 16-byte vector of padding per row: the row pitch is then an
+// odd number of 16-byte units, so the 8 row addresses of an ldmatrix hit 8 distinct 16-byte bank
+// groups (conflict-free for every head dim that is a multiple of 16).
+constexpr int tile_row_stride(int64_t head_dim, int element_bytes) {
+  return static_cast<int>(head_dim) + 16 / element_bytes;
+}
+
+// Q, one K and one V tile: K of the next block loads during P.V, V during Q.K^T.
+constexpr int forward_smem_bytes(int64_t head_dim, int element_bytes) {
+  const TileShape shape = tile_shape(head_dim, element_bytes);
+  const int rows = 16 * shape.m_tiles * shape.warps + 2 * shape.block_n;
+  return rows * tile_row_stride(head_dim, element_bytes) * element_bytes;
+}
+
+template <int kHeadDim, int kElementBytes>
 struct ForwardConfig {
-  static constexpr TileShape kShape = tile_shape(kHeadDim);
+  static constexpr TileShape kShape = tile_shape(kHeadDim, kElementBytes);
   static constexpr int kWarps = kShape.warps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kMTiles = kShape.m_tiles;
@@ -61,40 +82,18 @@ struct ForwardConfig {
   static constexpr int kBlockM = kWarpRows * kWarps;
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kMinBlocksPerSm = kShape.min_blocks_per_sm;
-  // Shared tiles are row-major with one 16-byte vector of padding per row: the row pitch is then
-  // an odd number of 16-byte units, so the 8 row addresses of an ldmatrix hit 8 distinct
-  // 16-byte bank groups (conflict-free for every head dim that is a multiple of 16).
-  static constexpr int kRowStride = kHeadDim + 8;  // elements
-  static constexpr int kElementBytes = 2;
+  static constexpr int kRowStride = tile_row_stride(kHeadDim, kElementBytes);  // elements
   static constexpr int kQTileElems = kBlockM * kRowStride;
   static constexpr int kKVTileElems = kBlockN * kRowStride;
-  // Q, one K and one V tile: K of the next block loads during P.V, V during Q.K^T.
-  static constexpr int kSmemBytes = (kQTileElems + 2 * kKVTileElems) * kElementBytes;
+  static constexpr int kSmemBytes = forward_smem_bytes(kHeadDim, kElementBytes);
+  static constexpr int kChunkElems = 16 / kElementBytes;  // elements per 16-byte copy
 
   static_assert(kHeadDim % 32 == 0, "tile loads give each thread whole 16-byte chunks");
   static_assert((kRowStride * kElementBytes / 16) % 2 == 1, "row pitch must be odd in 16 B");
-  static_assert(kBlockN % 16 == 0, "keys are consumed 16 at a time by P.V");
-  static_assert(kBlockM * kHeadDim / 8 % kThreads == 0, "Q tile must split evenly over threads");
-  static_assert(kBlockN * kHeadDim / 8 % kThreads == 0, "K/V tiles must split evenly");
+  static_assert(kBlockN % 16 == 0, "K fragments are read 16 keys at a time");
+  static_assert(kSmemBytes == (kQTileElems + 2 * kKVTileElems) * kElementBytes, "tile layout");
+  static_assert(kBlockM * kHeadDim / kChunkElems % kThreads == 0, "Q tile splits over threads");
+  static_assert(kBlockN * kHeadDim / kChunkElems % kThreads == 0, "K/V tiles split evenly");
 };
-
-// Dynamic shared memory of the instantiation for `head_dim` (0 when there is none).
-constexpr int forward_smem_bytes(int64_t head_dim) {
-  switch (head_dim) {
-    case 32:
-      return ForwardConfig<32>::kSmemBytes;
-    case 64:
-      return ForwardConfig<64>::kSmemBytes;
-    case 96:
-      return ForwardConfig<96>::kSmemBytes;
-    case 128:
-      return ForwardConfig<128>::kSmemBytes;
-    case 192:
-      return ForwardConfig<192>::kSmemBytes;
-    case 256:
-      return ForwardConfig<256>::kSmemBytes;
-  }
-  return 0;
-}
 
 }  // namespace samattn::tensor_core

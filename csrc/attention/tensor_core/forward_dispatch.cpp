@@ -47,9 +47,12 @@ Status unsupported(const std::string& why) {
 }  // namespace
 
 Status supports(const AttentionParams& p) {
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    return unsupported(
-        detail::concat("dtype ", dtype_name(p.dtype), " (supported: float16, bfloat16)"));
+  if (p.dtype == DType::kFloat32 && !p.allow_tf32) {
+    return unsupported("dtype float32 without allow_tf32 (it would round the inputs to TF32)");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat32) {
+    return unsupported(detail::concat("dtype ", dtype_name(p.dtype),
+                                      " (supported: float16, bfloat16, float32 with allow_tf32)"));
   }
   if (p.head_dim != p.head_dim_v) {
     return unsupported(detail::concat("head_dim ", p.head_dim, " with head_dim_v ", p.head_dim_v,
@@ -64,13 +67,13 @@ Status supports(const AttentionParams& p) {
     return unsupported(detail::concat("compute capability ", device.major, ".", device.minor,
                                       " (needs 8.0 or newer)"));
   }
-  const int smem = forward_smem_bytes(p.head_dim);
+  const int bytes = dtype_size(p.dtype);
+  const int smem = forward_smem_bytes(p.head_dim, bytes);
   if (smem > device.max_smem_optin) {
     return unsupported(detail::concat("head_dim ", p.head_dim, " on this device: it needs ", smem,
                                       " bytes of shared memory per block, the device allows ",
                                       device.max_smem_optin));
   }
-  const int bytes = dtype_size(p.dtype);
   const int64_t keys = detail::strided_key_count(p);
   const std::string misaligned[] = {
       misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q, bytes),
@@ -116,11 +119,13 @@ void dispatch_forward(DType dtype, const detail::ForwardKernelParams& params, cu
       return dispatch_head_dim<DType::kFloat16>(params, stream);
     case DType::kBFloat16:
       return dispatch_head_dim<DType::kBFloat16>(params, stream);
+    case DType::kFloat32:  // supports() admitted it only with allow_tf32
+      return dispatch_head_dim<DType::kFloat32>(params, stream);
     default:
       break;
   }
   SAMATTN_CHECK(false, "backend tensor_core does not support dtype ", dtype_name(dtype),
-                " (supported: float16, bfloat16)");
+                " (supported: float16, bfloat16, float32 with allow_tf32)");
 }
 
 }  // namespace samattn::tensor_core

@@ -1,9 +1,9 @@
-// Internal: the tensor-core attention forward for fp16 and bf16 (FlashAttention-2 design on
-// mma.sync, sm80+). One block computes kBlockM query rows of one (batch, head); each of its warps
-// owns 16 of those rows for the whole kernel, so the online softmax needs no shared memory.
-// Per key block:
+// Internal: the tensor-core attention forward (FlashAttention-2 design on mma.sync, sm80+) for
+// fp16, bf16, and float computed in TF32. One block computes kBlockM query rows of one
+// (batch, head); each of its warps owns 16 or 32 of those rows for the whole kernel, so the
+// online softmax needs no shared memory. Per key block:
 //   S = Q K^T (mma, f32)  ->  scale, mask, online softmax in registers  ->  O += P V (mma, P
-//   rounded to the input type and fed straight from the S accumulators as A fragments).
+//   rounded to the operand type and fed straight from the S accumulators as A fragments).
 // K and V stream through shared memory with cp.async: V of this block loads while Q K^T runs, K
 // of the next block while P V runs. Key blocks are walked from the last to the first, so the
 // blocks that need masking (the end of the keys, the causal diagonal) come first and the rest run
@@ -17,6 +17,7 @@
 #include "attention/tensor_core/mma.cuh"
 #include "attention/tensor_core/online_softmax.cuh"
 #include "attention/tensor_core/tile_io.cuh"
+#include "attention/tensor_core/warp_gemm.cuh"
 
 namespace samattn::tensor_core {
 
@@ -38,7 +39,7 @@ __device__ __forceinline__ int64_t row_key_end(const detail::ForwardKernelParams
 
 template <typename Element, int kHeadDim>
 __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams& p) {
-  using Cfg = ForwardConfig<kHeadDim>;
+  using Cfg = ForwardConfig<kHeadDim, int(sizeof(Element))>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kThreads = Cfg::kThreads;
@@ -47,8 +48,7 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
   constexpr int kRows = 2 * kMTiles;     // query rows per lane
   constexpr int kNTiles = kBlockN / 8;   // S accumulator tiles per 16-row tile (16 x 8 each)
   constexpr int kDTiles = kHeadDim / 8;  // O accumulator tiles per 16-row tile
-  constexpr int kKSteps = kHeadDim / 16;
-  constexpr int kBytes = int(sizeof(Element));
+  constexpr int kKSteps = kHeadDim * int(sizeof(Element)) / 32;  // 32-byte mma k-steps
 
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Element* q_tile = reinterpret_cast<Element*>(shared_bytes);  // (kBlockM, kStride)
@@ -91,18 +91,11 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
   }
   cp_async_commit();
 
-  // Per-lane ldmatrix row addresses (see mma.cuh for the fragment layouts):
-  //  Q (A, x4): matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15) of one of the warp's row tiles.
-  //  K (B, x4): keys 0-7 dims 0-7, keys 0-7 dims 8-15, keys 8-15 dims 0-7, keys 8-15 dims 8-15:
-  //             b0/b1 of two adjacent 8-key tiles.
-  //  V (B, x4, transposed): keys 0-7 | 8-15 of dims 0-7, then of dims 8-15: b0/b1 of two
-  //             adjacent 8-dim output tiles.
   const int warp_row0 = warp * Cfg::kWarpRows;
   const uint32_t q_lane =
-      shared_address(q_tile + (warp_row0 + (lane & 15)) * kStride + (lane >> 4) * 8);
-  const uint32_t k_lane =
-      shared_address(k_tile + ((lane & 7) + ((lane >> 4) << 3)) * kStride + ((lane >> 3) & 1) * 8);
-  const uint32_t v_lane = shared_address(v_tile + (lane & 15) * kStride + (lane >> 4) * 8);
+      shared_address(q_tile + warp_row0 * kStride + q_lane_offset<Element, kStride>(lane));
+  const uint32_t k_lane = shared_address(k_tile + k_lane_offset<Element, kStride>(lane));
+  const Element* v_lane = v_tile + v_lane_offset<Element, kStride>(lane);
 
   // Lane row r is query row warp_row0 + 16 * (r / 2) + 8 * (r % 2) + lane / 4 of the block. It
   // sees keys up to key_end - key_gap[r]; the gap is at most kBlockM, so it fits in an int.
@@ -133,34 +126,8 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
                                                           p.v_row_stride, keys);
     cp_async_commit();
 
-    // S = Q K^T: each K fragment feeds every row tile of the warp.
     float s[kMTiles][kNTiles][4];
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-      for (int t = 0; t < kNTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[m][t][e] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        ldmatrix_x4(a[m], q_lane + (m * 16 * kStride + ks * 16) * kBytes);
-      }
-#pragma unroll
-      for (int t = 0; t < kNTiles; t += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, k_lane + (t * 8 * kStride + ks * 16) * kBytes);
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-          mma_m16n8k16<Element>(s[m][t], a[m], b[0], b[1]);
-          mma_m16n8k16<Element>(s[m][t + 1], a[m], b[2], b[3]);
-        }
-      }
-    }
+    warp_qk<Element, kMTiles, kNTiles, kKSteps, kStride>(s, q_lane, k_lane);
 
     // Only blocks that cross the end of the keys or the causal diagonal pay for the mask.
     const bool needs_mask = n_begin + kBlockN > p.kept_keys ||
@@ -191,29 +158,7 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
     }
     cp_async_commit();
 
-    // O += P V: the S accumulators of key tiles 2kk and 2kk + 1 are exactly the A fragment of
-    // keys [16kk, 16kk + 16) once packed to 16-bit pairs.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        a[m][0] = pack<Element>(s[m][2 * kk][0], s[m][2 * kk][1]);
-        a[m][1] = pack<Element>(s[m][2 * kk][2], s[m][2 * kk][3]);
-        a[m][2] = pack<Element>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-        a[m][3] = pack<Element>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int t = 0; t < kDTiles; t += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, v_lane + (kk * 16 * kStride + t * 8) * kBytes);
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-          mma_m16n8k16<Element>(o[m][t], a[m], b[0], b[1]);
-          mma_m16n8k16<Element>(o[m][t + 1], a[m], b[2], b[3]);
-        }
-      }
-    }
+    warp_pv<Element, kMTiles, kNTiles, kDTiles, kStride>(o, s, v_lane);
   }
 
   if (n_blocks == 0) {  // no loop ran: the Q copies must land before the tile is reused
@@ -242,8 +187,8 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
         const int r = 2 * m + half;
         const int row = 16 * m + 8 * half + lane / 4;
         const int col = t * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(staged + row * kStride + col) =
-            pack<Element>(o[m][t][2 * half] * inverse[r], o[m][t][2 * half + 1] * inverse[r]);
+        store_pair(staged + row * kStride + col, o[m][t][2 * half] * inverse[r],
+                   o[m][t][2 * half + 1] * inverse[r]);
       }
     }
   }
@@ -270,8 +215,8 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
 // The kernel body exists only for sm80+ (cp.async, bf16 mma); the host never launches it on
 // older devices, and an sm75 build traps instead of silently writing nothing.
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads,
-                                  ForwardConfig<kHeadDim>::kMinBlocksPerSm)
+__global__ void __launch_bounds__(ForwardConfig<kHeadDim, int(sizeof(Element))>::kThreads,
+                                  ForwardConfig<kHeadDim, int(sizeof(Element))>::kMinBlocksPerSm)
     forward_kernel(const __grid_constant__ detail::ForwardKernelParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   forward_block<Element, kHeadDim>(p);

@@ -17,6 +17,10 @@ namespace samattn::tensor_core {
 template <DType kDType>
 struct ElementOf;
 template <>
+struct ElementOf<DType::kFloat32> {
+  using type = float;  // computed in TF32
+};
+template <>
 struct ElementOf<DType::kFloat16> {
   using type = __half;
 };
@@ -28,7 +32,7 @@ struct ElementOf<DType::kBFloat16> {
 template <DType kDType, int kHeadDim>
 void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stream) {
   using Element = typename ElementOf<kDType>::type;
-  using Cfg = ForwardConfig<kHeadDim>;
+  using Cfg = ForwardConfig<kHeadDim, int(sizeof(Element))>;
   const int64_t m_blocks = (params.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t blocks = m_blocks * params.batch * params.heads_q;
   SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_q * ceil(seqlen_q / ",

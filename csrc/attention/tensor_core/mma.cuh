@@ -1,5 +1,6 @@
-// Internal: inline-PTX wrappers for the sm80+ tensor-core path: cp.async, ldmatrix, mma.sync and
-// the fast exp2. Each wrapper is one instruction, so the kernel reads like the PTX it emits.
+// Internal: inline-PTX wrappers for the sm80+ tensor-core path: cp.async, ldmatrix, mma.sync
+// (fp16, bf16, tf32) and the fast exp2. Each wrapper is one instruction, so the kernel reads like
+// the PTX it emits.
 //
 // Fragment layouts of mma.m16n8k16 (lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4)):
 //   A (16x16, row-major) a0:(g, c..c+1) a1:(g+8, c..c+1) a2:(g, c+8..c+9) a3:(g+8, c+8..c+9)
@@ -71,6 +72,25 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a * b on a 16x8x8 tile of TF32 operands (fp32 bit patterns, see to_tf32), f32 accumulators.
+// Fragments as for m16n8k16 with 32-bit elements, k halved (t = lane % 4):
+//   A a0:(g, t) a1:(g+8, t) a2:(g, t+4) a3:(g+8, t+4)    B b0:(k = t, n = g) b1:(k = t+4, n = g)
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Rounds `x` to TF32 (10-bit mantissa), to nearest with ties away from zero, as the bit pattern
+// mma expects; the tensor cores would otherwise truncate.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t y;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(y) : "f"(x));
+  return y;
 }
 
 // Two floats rounded to nearest into one register of two 16-bit elements, `low` in bits 0..15.

@@ -19,14 +19,15 @@ namespace samattn::tensor_core {
 template <int kRows, int kHeadDim, int kRowStride, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(Element* tile, const Element* src,
                                                 int64_t row_stride, int valid_rows) {
-  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kChunkElems = 16 / int(sizeof(Element));
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   constexpr int kRowStep = kThreads / kChunksPerRow;  // rows covered by one pass of the threads
   constexpr int kPasses = (kRows + kRowStep - 1) / kRowStep;
   static_assert(kRowStep >= 1, "a row has more chunks than the block has threads");
   const int thread = static_cast<int>(threadIdx.x);
   if (kThreads % kChunksPerRow != 0 && thread >= kRowStep * kChunksPerRow) return;
   const int row0 = thread / kChunksPerRow;
-  const int col = thread % kChunksPerRow * 8;
+  const int col = thread % kChunksPerRow * kChunkElems;
   const uint32_t dst = shared_address(tile + row0 * kRowStride + col);
   const int64_t step = kRowStep * row_stride;
   const Element* from = src + row0 * row_stride + col;
@@ -48,18 +49,29 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* sr
 template <int kWarpRows, int kHeadDim, int kRowStride, typename Element>
 __device__ __forceinline__ void store_warp_rows(Element* dst, int64_t row_stride,
                                                 const Element* staged, int valid_rows, int lane) {
-  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kChunkElems = 16 / int(sizeof(Element));
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   static_assert(kWarpRows * kChunksPerRow % 32 == 0, "each lane stores as many vectors");
 #pragma unroll
   for (int i = 0; i < kWarpRows * kChunksPerRow / 32; ++i) {
     const int chunk = lane + 32 * i;
     const int row = chunk / kChunksPerRow;
-    const int col = chunk % kChunksPerRow * 8;
+    const int col = chunk % kChunksPerRow * kChunkElems;
     if (row < valid_rows) {
       *reinterpret_cast<uint4*>(dst + row * row_stride + col) =
           *reinterpret_cast<const uint4*>(staged + row * kRowStride + col);
     }
   }
+}
+
+// Writes two adjacent output elements, rounded to the element type.
+__device__ __forceinline__ void store_pair(float* dst, float a, float b) {
+  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+}
+
+template <typename Element>
+__device__ __forceinline__ void store_pair(Element* dst, float a, float b) {
+  *reinterpret_cast<uint32_t*>(dst) = pack<Element>(a, b);
 }
 
 }  // namespace samattn::tensor_core
