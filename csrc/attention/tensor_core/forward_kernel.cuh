@@ -98,7 +98,9 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
   const Element* v_lane = v_tile + v_lane_offset<Element, kStride>(lane);
 
   // Lane row r is query row warp_row0 + 16 * (r / 2) + 8 * (r % 2) + lane / 4 of the block. It
-  // sees keys up to key_end - key_gap[r]; the gap is at most kBlockM, so it fits in an int.
+  // sees keys up to key_end - key_gap[r]; |gap| <= kBlockM, so it fits in an int (it is negative
+  // only for padding rows past seqlen_q, whose results are never stored). Kept in registers:
+  // computing the limits only in masked iterations measured 1-5% slower.
   int key_gap[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
