@@ -134,8 +134,8 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
     // Only blocks that cross the end of the keys or the causal diagonal pay for the mask.
     const bool needs_mask = n_begin + kBlockN > p.kept_keys ||
                             (p.causal && (n_begin + kBlockN - 1) * p.kv_stride > m_begin);
-    // Keys of this block visible to the block's last row; masked blocks are the first few
-    // iterations, so this is at most kBlockM + 2 * kBlockN there (clamped for the others).
+    // Keys of this block visible to the block's last row: below kBlockM + kBlockN in masked
+    // blocks (the first few iterations); the clamp only keeps later ones in int range.
     const int block_keys = static_cast<int>(min(key_end - n_begin, int64_t{kBlockM + kBlockN}));
     int key_limit[kRows];
 #pragma unroll
@@ -195,7 +195,7 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
     }
   }
   __syncwarp();
-  // Rows are counted from the block's first query (rows of them are real), in int.
+  // The block has `rows` real query rows; the warp stores those among its own.
   const int warp_rows = max(0, min(Cfg::kWarpRows, rows - warp_row0));
   store_warp_rows<Cfg::kWarpRows, kHeadDim, kStride>(out + warp_row0 * p.o_row_stride,
                                                      p.o_row_stride, staged, warp_rows, lane);
