@@ -16,8 +16,8 @@
 
 namespace samattn {
 
-// Which implementation runs a call. kAuto picks the fastest one that supports the call;
-// the environment variable SAMATTN_FORCE_SIMT=1 makes kAuto pick kSimt.
+// Which implementation runs a call. kAuto picks the fastest one that supports the call. The
+// environment variable SAMATTN_FORCE_SIMT=1 makes every call run kSimt (a debugging switch).
 enum class Backend : int { kAuto, kSimt, kTensorCore };
 
 const char* backend_name(Backend backend);
