@@ -30,18 +30,21 @@ void run_forward(const AttentionParams& params, const at::Tensor& query) {
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward_op(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    std::optional<double> scale, bool causal, int64_t kv_stride, bool return_lse,
-    c10::string_view backend) {
+std::tuple<at::Tensor, at::Tensor> attention_forward_op(const at::Tensor& query,
+                                                        const at::Tensor& key,
+                                                        const at::Tensor& value,
+                                                        std::optional<double> scale, bool causal,
+                                                        int64_t kv_stride, bool return_lse,
+                                                        c10::string_view backend) {
   AttentionParams params = make_forward_params(
-      query, key, value, {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+      query, key, value,
+      {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
                              query.options());
-  at::Tensor lse = at::empty(
-      return_lse ? std::vector<int64_t>{params.batch, params.heads_q, params.seqlen_q}
-                 : std::vector<int64_t>{0},
-      query.options().dtype(lse_dtype(query.scalar_type())));
+  at::Tensor lse =
+      at::empty(return_lse ? std::vector<int64_t>{params.batch, params.heads_q, params.seqlen_q}
+                           : std::vector<int64_t>{0},
+                query.options().dtype(lse_dtype(query.scalar_type())));
   set_output(params, out);
   params.lse = return_lse ? lse.data_ptr() : nullptr;
   check_params(params);
@@ -54,7 +57,8 @@ void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
                                std::optional<double> scale, bool causal, int64_t kv_stride,
                                c10::string_view backend) {
   AttentionParams params = make_forward_params(
-      query, key, value, {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+      query, key, value,
+      {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   check_output(out, query, params);
   set_output(params, out);
   check_params(params);
@@ -66,8 +70,10 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend) {
   AttentionParams params = make_forward_params(
-      query, key, value, {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
-  TORCH_CHECK_VALUE(query.is_cuda(), "samattn: selected_backend needs CUDA tensors; CPU tensors "
+      query, key, value,
+      {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  TORCH_CHECK_VALUE(query.is_cuda(),
+                    "samattn: selected_backend needs CUDA tensors; CPU tensors "
                     "always run the fp64 reference");
   const c10::cuda::CUDAGuard guard(query.device());
   try {

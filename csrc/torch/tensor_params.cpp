@@ -2,37 +2,64 @@
 
 #include <c10/util/Exception.h>
 
+#include "common/check.h"
+
+// TORCH_CHECK_VALUE / TORCH_CHECK_TYPE with a message built by samattn's formatter (see
+// common/check.h for why no iostreams): c10 passes a ready std::string through untouched.
+#define SAMATTN_CHECK_VALUE(cond, ...) \
+  TORCH_CHECK_VALUE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
+#define SAMATTN_CHECK_TYPE(cond, ...) \
+  TORCH_CHECK_TYPE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
+
 namespace samattn::torch_ops {
 namespace {
 
-DType to_dtype(at::ScalarType type, const char* name) {
-  switch (type) {
-    case at::kDouble: return DType::kFloat64;
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default: break;
+std::string list(at::IntArrayRef values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
   }
-  TORCH_CHECK_TYPE(false, "samattn: ", name,
-                   " dtype must be one of float64, float32, float16, bfloat16, got ", type);
+  return out + "]";
+}
+
+const char* name(at::ScalarType type) { return c10::toString(type); }
+
+std::string name(const at::Device& device) { return device.str(); }
+
+DType to_dtype(at::ScalarType type, const char* arg) {
+  switch (type) {
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    default:
+      break;
+  }
+  SAMATTN_CHECK_TYPE(false, arg, " dtype must be one of float64, float32, float16, bfloat16, got ",
+                     name(type));
 }
 
 Backend to_backend(std::string_view name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "simt") return Backend::kSimt;
   if (name == "tensor_core") return Backend::kTensorCore;
-  TORCH_CHECK_VALUE(false, "samattn: backend must be one of 'auto', 'simt', 'tensor_core', got '",
-                    name, "'");
+  SAMATTN_CHECK_VALUE(false, "backend must be one of 'auto', 'simt', 'tensor_core', got '", name,
+                      "'");
 }
 
-void check_layout(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.defined(), "samattn: ", name, " must be a tensor, got None");
-  TORCH_CHECK_VALUE(t.dim() == 4, "samattn: ", name,
-                    " must be 4-D (batch, heads, seq_len, head_dim), got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.stride(3) == 1 || t.size(3) <= 1, "samattn: ", name,
-                    " must be contiguous in its last dimension (stride 1), got strides ",
-                    t.strides(), "; call .contiguous() first");
-  TORCH_CHECK_VALUE(!t.is_sparse(), "samattn: ", name, " must be a dense tensor");
+void check_layout(const at::Tensor& t, const char* arg) {
+  SAMATTN_CHECK_VALUE(t.defined(), arg, " must be a tensor, got None");
+  SAMATTN_CHECK_VALUE(t.dim() == 4, arg,
+                      " must be 4-D (batch, heads, seq_len, head_dim), got shape ",
+                      list(t.sizes()));
+  SAMATTN_CHECK_VALUE(t.stride(3) == 1 || t.size(3) <= 1, arg,
+                      " must be contiguous in its last dimension (stride 1), got strides ",
+                      list(t.strides()), "; call .contiguous() first");
+  SAMATTN_CHECK_VALUE(!t.is_sparse(), arg, " must be a dense tensor");
 }
 
 Strides strides_of(const at::Tensor& t) { return Strides{t.stride(0), t.stride(1), t.stride(2)}; }
@@ -49,36 +76,37 @@ AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& k
   check_layout(key, "key");
   check_layout(value, "value");
   const DType dtype = to_dtype(query.scalar_type(), "query");
-  TORCH_CHECK_TYPE(key.scalar_type() == query.scalar_type(), "samattn: key dtype (",
-                   key.scalar_type(), ") must match query dtype (", query.scalar_type(), ")");
-  TORCH_CHECK_TYPE(value.scalar_type() == query.scalar_type(), "samattn: value dtype (",
-                   value.scalar_type(), ") must match query dtype (", query.scalar_type(), ")");
-  TORCH_CHECK_VALUE(query.device().is_cuda() || query.device().is_cpu(),
-                    "samattn: query must be on a CUDA device or the CPU, got ", query.device());
-  TORCH_CHECK_VALUE(key.device() == query.device(), "samattn: key is on ", key.device(),
-                    " but query is on ", query.device(), "; all inputs must be on one device");
-  TORCH_CHECK_VALUE(value.device() == query.device(), "samattn: value is on ", value.device(),
-                    " but query is on ", query.device(), "; all inputs must be on one device");
+  SAMATTN_CHECK_TYPE(key.scalar_type() == query.scalar_type(), "key dtype (",
+                     name(key.scalar_type()), ") must match query dtype (",
+                     name(query.scalar_type()), ")");
+  SAMATTN_CHECK_TYPE(value.scalar_type() == query.scalar_type(), "value dtype (",
+                     name(value.scalar_type()), ") must match query dtype (",
+                     name(query.scalar_type()), ")");
+  SAMATTN_CHECK_VALUE(query.device().is_cuda() || query.device().is_cpu(),
+                      "query must be on a CUDA device or the CPU, got ", name(query.device()));
+  SAMATTN_CHECK_VALUE(key.device() == query.device(), "key is on ", name(key.device()),
+                      " but query is on ", name(query.device()),
+                      "; all inputs must be on one device");
+  SAMATTN_CHECK_VALUE(value.device() == query.device(), "value is on ", name(value.device()),
+                      " but query is on ", name(query.device()),
+                      "; all inputs must be on one device");
 
   const int64_t batch = query.size(0);
-  TORCH_CHECK_VALUE(key.size(0) == batch && value.size(0) == batch,
-                    "samattn: batch sizes differ: query ", batch, ", key ", key.size(0),
-                    ", value ", value.size(0));
-  TORCH_CHECK_VALUE(value.size(1) == key.size(1), "samattn: value heads (", value.size(1),
-                    ") must equal key heads (", key.size(1), ")");
-  TORCH_CHECK_VALUE(key.size(1) >= 1 && query.size(1) % key.size(1) == 0,
-                    "samattn: query heads (", query.size(1),
-                    ") must be a multiple of key/value heads (", key.size(1),
-                    ") for grouped-query attention");
-  TORCH_CHECK_VALUE(value.size(2) == key.size(2), "samattn: value seq_len (", value.size(2),
-                    ") must equal key seq_len (", key.size(2), ")");
-  TORCH_CHECK_VALUE(key.size(3) == query.size(3), "samattn: key head_dim (", key.size(3),
-                    ") must equal query head_dim (", query.size(3), ")");
-  TORCH_CHECK_VALUE(query.size(3) >= 1 && query.size(3) <= kMaxHeadDim,
-                    "samattn: head_dim must be in [1, ", kMaxHeadDim, "], got ", query.size(3));
-  TORCH_CHECK_VALUE(value.size(3) >= 1 && value.size(3) <= kMaxHeadDim,
-                    "samattn: value head_dim must be in [1, ", kMaxHeadDim, "], got ",
-                    value.size(3));
+  SAMATTN_CHECK_VALUE(key.size(0) == batch && value.size(0) == batch, "batch sizes differ: query ",
+                      batch, ", key ", key.size(0), ", value ", value.size(0));
+  SAMATTN_CHECK_VALUE(value.size(1) == key.size(1), "value heads (", value.size(1),
+                      ") must equal key heads (", key.size(1), ")");
+  SAMATTN_CHECK_VALUE(key.size(1) >= 1 && query.size(1) % key.size(1) == 0, "query heads (",
+                      query.size(1), ") must be a multiple of key/value heads (", key.size(1),
+                      ") for grouped-query attention");
+  SAMATTN_CHECK_VALUE(value.size(2) == key.size(2), "value seq_len (", value.size(2),
+                      ") must equal key seq_len (", key.size(2), ")");
+  SAMATTN_CHECK_VALUE(key.size(3) == query.size(3), "key head_dim (", key.size(3),
+                      ") must equal query head_dim (", query.size(3), ")");
+  SAMATTN_CHECK_VALUE(query.size(3) >= 1 && query.size(3) <= kMaxHeadDim,
+                      "head_dim must be in [1, ", kMaxHeadDim, "], got ", query.size(3));
+  SAMATTN_CHECK_VALUE(value.size(3) >= 1 && value.size(3) <= kMaxHeadDim,
+                      "value head_dim must be in [1, ", kMaxHeadDim, "], got ", value.size(3));
 
   AttentionParams p;
   p.q = query.data_ptr();
@@ -103,17 +131,18 @@ AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& k
 }
 
 void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& p) {
-  TORCH_CHECK_VALUE(out.defined(), "samattn: out must be a tensor, got None");
-  TORCH_CHECK_TYPE(out.scalar_type() == query.scalar_type(), "samattn: out dtype (",
-                   out.scalar_type(), ") must match query dtype (", query.scalar_type(), ")");
-  TORCH_CHECK_VALUE(out.device() == query.device(), "samattn: out is on ", out.device(),
-                    " but query is on ", query.device());
+  SAMATTN_CHECK_VALUE(out.defined(), "out must be a tensor, got None");
+  SAMATTN_CHECK_TYPE(out.scalar_type() == query.scalar_type(), "out dtype (",
+                     name(out.scalar_type()), ") must match query dtype (",
+                     name(query.scalar_type()), ")");
+  SAMATTN_CHECK_VALUE(out.device() == query.device(), "out is on ", name(out.device()),
+                      " but query is on ", name(query.device()));
   const std::vector<int64_t> expected{p.batch, p.heads_q, p.seqlen_q, p.head_dim_v};
-  TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(expected), "samattn: out must have shape ",
-                    at::IntArrayRef(expected), ", got ", out.sizes());
-  TORCH_CHECK_VALUE(out.stride(3) == 1 || out.size(3) <= 1,
-                    "samattn: out must be contiguous in its last dimension, got strides ",
-                    out.strides());
+  SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(expected), "out must have shape ",
+                      list(expected), ", got ", list(out.sizes()));
+  SAMATTN_CHECK_VALUE(out.stride(3) == 1 || out.size(3) <= 1,
+                      "out must be contiguous in its last dimension, got strides ",
+                      list(out.strides()));
 }
 
 void set_output(AttentionParams& p, const at::Tensor& out) {
@@ -123,7 +152,7 @@ void set_output(AttentionParams& p, const at::Tensor& out) {
 
 void check_params(const AttentionParams& p) {
   const Status status = can_implement(p);
-  TORCH_CHECK_VALUE(status.ok(), status.message());
+  TORCH_CHECK_VALUE(status.ok(), std::string(status.message()));
 }
 
 }  // namespace samattn::torch_ops
