@@ -72,6 +72,8 @@ def lowp_reference(q, k, v, *, causal=False, scale=None, kv_stride=1):
     rounded to the input dtype before P @ V (as the kernels feed P to the tensor cores), the row
     sum taken from the unrounded P, and the output rounded to the dtype."""
     dtype = q.dtype
+    if k.shape[2] == 0:  # no keys: every row is zeros
+        return torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
     q64, k64, v64 = q.double(), k[:, :, ::kv_stride].double(), v[:, :, ::kv_stride].double()
     group = q.shape[1] // k.shape[1]
     k64, v64 = k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1)
