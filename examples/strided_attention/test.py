@@ -5,8 +5,10 @@
 """
 
 import argparse
+import datetime
 import json
 import math
+import os
 import sys
 
 import torch
@@ -110,6 +112,8 @@ def benchmark(json_path):
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "commit": os.environ.get("SAMATTN_COMMIT", "unknown"),
+                       "date": datetime.date.today().isoformat(),
                        "config": {"dtype": "float32", "batch": batch, "seq_len": seq_len,
                                   "embed_dim": embed_dim, "heads": num_heads, "stride": stride},
                        "naive_ms": naive_ms, "sdpa_view_ms": sdpa_ms, "samattn_ms": ours_ms,

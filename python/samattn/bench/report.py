@@ -90,7 +90,8 @@ def plot(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
         return []
     groups = {}
     for row in rows:
-        if row.get("status") == "ok" and row["kv_stride"] == 1:
+        # Latency rows (small shapes, host time) are not comparable with device-time rows.
+        if row.get("status") == "ok" and row["kv_stride"] == 1 and row.get("timing") != "host latency":
             key = (row["dtype"], row["head_dim"], row["causal"], row["direction"])
             groups.setdefault(key, []).append(row)
     groups = {k: v for k, v in groups.items() if len({r["seqlen"] for r in v}) > 1}
@@ -99,10 +100,14 @@ def plot(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
     cols = min(3, len(groups))
     nrows = -(-len(groups) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
+    methods = sorted({r["method"] for group in groups.values() for r in group})
+    palette = plt.get_cmap("tab10")
+    color = {m: palette(i % 10) for i, m in enumerate(methods)}  # one colour per method
     for ax, (key, group) in zip(axes.flat, sorted(groups.items())):
         for method in sorted({r["method"] for r in group}):
             points = sorted((r["seqlen"], r["tflops"]) for r in group if r["method"] == method)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method,
+                    color=color[method], linewidth=2.5 if method.startswith("samattn") else 1.2)
         dtype, head_dim, causal, direction = key
         ax.set_title(f"{dtype} D={head_dim} {'causal' if causal else 'dense'} {direction}")
         ax.set_xscale("log", base=2)
