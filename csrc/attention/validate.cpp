@@ -11,6 +11,16 @@ double default_softmax_scale(int64_t head_dim) {
   return 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+Status can_implement_backward(const AttentionBackwardParams& params) {
+  try {
+    detail::validate_backward_params(params);
+    detail::validate_backward_launch(params);
+  } catch (const Error& error) {
+    return Status::failure(error.what());
+  }
+  return Status::success();
+}
+
 Status can_implement(const AttentionParams& params) {
   try {
     detail::validate_forward_params(params);
@@ -70,6 +80,36 @@ void validate_forward_params(const AttentionParams& p) {
       SAMATTN_CHECK(p.v != nullptr, "v must not be null");
     }
   }
+}
+
+void validate_backward_params(const AttentionBackwardParams& bp) {
+  const AttentionParams& p = bp.forward;
+  validate_forward_params(p);
+  SAMATTN_CHECK(p.backend != Backend::kTensorCore,
+                "backend tensor_core has no backward yet; use auto or simt");
+  if (output_rows(p) > 0) {
+    SAMATTN_CHECK(bp.dout != nullptr, "dout must not be null");
+    SAMATTN_CHECK(bp.dq != nullptr, "dq must not be null");
+  }
+  if (p.batch > 0 && p.seqlen_k > 0) {
+    SAMATTN_CHECK(bp.dk != nullptr, "dk must not be null");
+    SAMATTN_CHECK(bp.dv != nullptr, "dv must not be null");
+  }
+}
+
+void validate_backward_launch(const AttentionBackwardParams& bp) {
+  if (output_rows(bp.forward) > 0 && bp.forward.seqlen_k > 0) {
+    SAMATTN_CHECK(bp.forward.lse != nullptr,
+                  "lse must not be null: the backward recomputes the probabilities from the "
+                  "forward's log-sum-exp");
+  }
+  const size_t workspace = attention_backward_workspace_bytes(bp);
+  SAMATTN_CHECK(workspace == 0 || bp.workspace != nullptr, "workspace must not be null: ",
+                static_cast<uint64_t>(workspace),
+                " bytes are needed (attention_backward_workspace_bytes)");
+  SAMATTN_CHECK(reinterpret_cast<uintptr_t>(bp.workspace) % 256 == 0,
+                "workspace must be aligned to 256 bytes, got ",
+                static_cast<const void*>(bp.workspace));
 }
 
 int64_t output_rows(const AttentionParams& p) { return p.batch * p.heads_q * p.seqlen_q; }

@@ -16,4 +16,11 @@ int64_t strided_key_count(const AttentionParams& params);
 
 double resolved_softmax_scale(const AttentionParams& params);
 
+// Throws samattn::Error naming the first invalid field of a backward problem (the forward
+// problem, dout, dq, dk, dv). Shared by the CUDA path and the CPU reference.
+void validate_backward_params(const AttentionBackwardParams& params);
+
+// The CUDA path's further requirements: lse and the workspace.
+void validate_backward_launch(const AttentionBackwardParams& params);
+
 }  // namespace samattn::detail

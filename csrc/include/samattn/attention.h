@@ -6,6 +6,7 @@
 // its key/value head (grouped-query attention).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -76,5 +77,58 @@ void reference_attention_forward(const AttentionParams& params);
 
 // The backend that runs `params` on the current device (resolves kAuto), for logs and tests.
 Backend select_backend(const AttentionParams& params);
+
+// ---------------------------------------------------------------------------------------------
+// Backward: the gradients of a scalar loss with respect to q, k and v, given dout = dL/dout.
+//
+//   P = softmax(scale * q k^T) over the visible keys, D_i = dout_i . out_i,
+//   dv = P^T dout,  dS = P * (dout v^T - D),  dq = scale * dS k,  dk = scale * dS^T q,
+//
+// with dk and dv summed over the query heads of each group (grouped-query attention). Keys that
+// no query sees (rows j with j % kv_stride != 0, and keys hidden by the causal mask from every
+// query) get zero gradients, and so do query rows that see no key; every element of dq, dk and
+// dv is written.
+struct AttentionBackwardParams {
+  // The forward problem: shapes, strides, dtype and options, plus q, k, v, out and lse. out and
+  // lse are those the forward wrote (lse is required by attention_backward; the reference
+  // recomputes the probabilities and ignores it). D is computed from `out` as given.
+  // backend: kAuto or kSimt; there is no tensor-core backward yet.
+  AttentionParams forward;
+
+  // dL/dout, (B, Hq, Sq, Dv) in forward.dtype, last dimension contiguous.
+  const void* dout = nullptr;
+  Strides dout_strides;
+  // Outputs in forward.dtype, shaped like q, k and v; last dimension contiguous.
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  Strides dq_strides, dk_strides, dv_strides;
+
+  // Device scratch memory of attention_backward_workspace_bytes(params) bytes (may be null when
+  // that is zero), aligned to 256 bytes, owned by the caller, so callers with a caching
+  // allocator keep allocations out of the library. Only used during the call.
+  void* workspace = nullptr;
+
+  // Requests bit-identical results from run to run. The SIMT backward uses no atomics and sums
+  // in a fixed order, so it is always deterministic and this flag changes nothing today.
+  bool deterministic = false;
+};
+
+// Bytes of device workspace attention_backward needs for `params` (0 when there is nothing to
+// compute). Depends only on the shapes and dtype.
+size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params);
+
+// Checks every field, including the workspace, without launching anything; the message of a
+// failed status names the field, as attention_backward would throw it.
+Status can_implement_backward(const AttentionBackwardParams& params);
+
+// Computes dq, dk and dv on `stream` with the CUDA-core (SIMT) kernels, for every dtype
+// (float16/bfloat16 and float32 accumulate in float, float64 in double). Pointers are device
+// pointers. Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
+void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream);
+
+// The fp64 CPU reference of the backward: host pointers, same parameters (lse and workspace are
+// not used). Recomputes the probabilities in double from q and k, writes dq, dk, dv in dtype.
+void reference_attention_backward(const AttentionBackwardParams& params);
 
 }  // namespace samattn

@@ -1,0 +1,88 @@
+// attention_backward: validate, derive the kernel parameters once, launch the SIMT backward
+// (D = rowsum(dout * out), then dK/dV, then dQ).
+#include <cmath>
+
+#include "attention/backward_kernel_params.h"
+#include "attention/simt/backward_launch.h"
+#include "attention/validate.h"
+#include "samattn/attention.h"
+
+namespace samattn {
+namespace {
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackwardParams& bp) {
+  const AttentionParams& p = bp.forward;
+  detail::BackwardKernelParams k{};
+  detail::ForwardKernelParams& f = k.fwd;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = p.out;
+  f.lse = p.lse;
+  f.q_batch_stride = p.q_strides.batch;
+  f.q_head_stride = p.q_strides.head;
+  f.q_row_stride = p.q_strides.seq;
+  f.k_batch_stride = p.k_strides.batch;
+  f.k_head_stride = p.k_strides.head;
+  f.k_row_stride = p.k_strides.seq * p.kv_stride;
+  f.v_batch_stride = p.v_strides.batch;
+  f.v_head_stride = p.v_strides.head;
+  f.v_row_stride = p.v_strides.seq * p.kv_stride;
+  f.o_batch_stride = p.out_strides.batch;
+  f.o_head_stride = p.out_strides.head;
+  f.o_row_stride = p.out_strides.seq;
+  f.batch = p.batch;
+  f.heads_q = p.heads_q;
+  f.group_size = p.heads_q / p.heads_kv;
+  f.seqlen_q = p.seqlen_q;
+  f.kept_keys = detail::strided_key_count(p);
+  f.kv_stride = p.kv_stride;
+  f.head_dim = static_cast<int>(p.head_dim);
+  f.head_dim_v = static_cast<int>(p.head_dim_v);
+  f.scale_log2 = detail::resolved_softmax_scale(p) * M_LOG2E;
+  f.causal = p.causal;
+
+  k.dout = bp.dout;
+  k.dq = bp.dq;
+  k.dk = bp.dk;
+  k.dv = bp.dv;
+  k.delta = bp.workspace;
+  k.do_batch_stride = bp.dout_strides.batch;
+  k.do_head_stride = bp.dout_strides.head;
+  k.do_row_stride = bp.dout_strides.seq;
+  k.dq_batch_stride = bp.dq_strides.batch;
+  k.dq_head_stride = bp.dq_strides.head;
+  k.dq_row_stride = bp.dq_strides.seq;
+  k.dk_batch_stride = bp.dk_strides.batch;
+  k.dk_head_stride = bp.dk_strides.head;
+  k.dk_row_stride = bp.dk_strides.seq;
+  k.dv_batch_stride = bp.dv_strides.batch;
+  k.dv_head_stride = bp.dv_strides.head;
+  k.dv_row_stride = bp.dv_strides.seq;
+  k.heads_kv = p.heads_kv;
+  k.seqlen_k = p.seqlen_k;
+  k.scale = detail::resolved_softmax_scale(p);
+  return k;
+}
+
+}  // namespace
+
+size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
+  const AttentionParams& p = params.forward;
+  if (p.batch <= 0 || p.heads_q <= 0 || p.seqlen_q <= 0) return 0;
+  const size_t accumulator = p.dtype == DType::kFloat64 ? sizeof(double) : sizeof(float);
+  const size_t bytes = static_cast<size_t>(detail::output_rows(p)) * accumulator;
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream) {
+  detail::validate_backward_params(params);
+  detail::validate_backward_launch(params);
+  const AttentionParams& p = params.forward;
+  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
+  simt::dispatch_backward(p.dtype, make_backward_kernel_params(params), stream);
+}
+
+}  // namespace samattn

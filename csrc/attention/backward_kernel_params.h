@@ -1,0 +1,34 @@
+// Internal: what the backward kernels receive, derived once on the host from
+// AttentionBackwardParams.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/kernel_params.h"
+
+namespace samattn::detail {
+
+struct BackwardKernelParams {
+  // q, k, v, out, lse and the problem, as the forward kernels see it: the k/v row strides
+  // include kv_stride, so logical key n is physical row n * kv_stride.
+  ForwardKernelParams fwd;
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  // Workspace: D_i = dout_i . out_i per query row, contiguous (batch, heads_q, seqlen_q) in the
+  // accumulation type.
+  void* delta;
+
+  int64_t do_batch_stride, do_head_stride, do_row_stride;
+  int64_t dq_batch_stride, dq_head_stride, dq_row_stride;
+  // Physical rows: dk/dv rows of keys skipped by kv_stride are written too (with zeros).
+  int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
+  int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
+
+  int64_t heads_kv;
+  int64_t seqlen_k;  // physical key rows
+  double scale;      // the softmax scale itself (dq and dk are scaled by it)
+};
+
+}  // namespace samattn::detail

@@ -1,0 +1,149 @@
+// The fp64 CPU reference of the backward: the oracle the SIMT backward is tested against.
+// Straightforward on purpose: per query row, the probabilities are recomputed in double from q
+// and k (the given lse is not used), then dS = P * (dout . v - D) drives dq, dk and dv. D is
+// dout . out with `out` as given, the definition the kernels use, so an output rounded to a
+// 16-bit type enters the reference and the kernels alike. dK and dV of one key head sum over
+// its query heads in order, in double, and are rounded once.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "attention/validate.h"
+#include "common/host_float.h"
+#include "samattn/attention.h"
+
+namespace samattn {
+namespace {
+
+double load(const void* base, int64_t offset, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+      return static_cast<const double*>(base)[offset];
+    case DType::kFloat32:
+      return static_cast<const float*>(base)[offset];
+    case DType::kFloat16:
+      return detail::float16_to_double(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kBFloat16:
+      return detail::bfloat16_to_double(static_cast<const uint16_t*>(base)[offset]);
+  }
+  return 0.0;
+}
+
+void store(void* base, int64_t offset, DType dtype, double value) {
+  switch (dtype) {
+    case DType::kFloat64:
+      static_cast<double*>(base)[offset] = value;
+      break;
+    case DType::kFloat32:
+      static_cast<float*>(base)[offset] = static_cast<float>(value);
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(base)[offset] = detail::double_to_float16(value);
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(base)[offset] = detail::double_to_bfloat16(value);
+      break;
+  }
+}
+
+bool key_visible(const AttentionParams& p, int64_t query, int64_t key) {
+  if (key % p.kv_stride != 0) return false;
+  return !p.causal || key <= query;
+}
+
+// A (B, H, S, D) tensor's element (b, h, s, d) through its strides.
+int64_t offset(const Strides& s, int64_t b, int64_t h, int64_t row, int64_t col) {
+  return b * s.batch + h * s.head + row * s.seq + col;
+}
+
+// One (batch, key head): dq of the group's query heads, dk and dv of the key head.
+void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk, double scale) {
+  const AttentionParams& p = bp.forward;
+  const DType t = p.dtype;
+  const int64_t group = p.heads_q / p.heads_kv;
+  const int64_t sk = p.seqlen_k, d = p.head_dim, dv_dim = p.head_dim_v;
+  std::vector<double> dk(sk * d, 0.0), dv(sk * dv_dim, 0.0), dq(d);
+  std::vector<double> prob(sk), ds(sk);
+
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int64_t i = 0; i < p.seqlen_q; ++i) {
+      // Softmax over the visible keys, in double.
+      double row_max = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < sk; ++j) {
+        if (!key_visible(p, i, j)) continue;
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += load(p.q, offset(p.q_strides, b, h, i, c), t) *
+                 load(p.k, offset(p.k_strides, b, hk, j, c), t);
+        }
+        prob[j] = dot * scale;
+        row_max = std::max(row_max, prob[j]);
+      }
+      std::fill(dq.begin(), dq.end(), 0.0);
+      if (row_max != -std::numeric_limits<double>::infinity()) {
+        double row_sum = 0.0;
+        for (int64_t j = 0; j < sk; ++j) {
+          if (!key_visible(p, i, j)) continue;
+          prob[j] = std::exp(prob[j] - row_max);
+          row_sum += prob[j];
+        }
+        double delta = 0.0;
+        for (int64_t c = 0; c < dv_dim; ++c) {
+          delta += load(bp.dout, offset(bp.dout_strides, b, h, i, c), t) *
+                   load(p.out, offset(p.out_strides, b, h, i, c), t);
+        }
+        for (int64_t j = 0; j < sk; ++j) {
+          if (!key_visible(p, i, j)) continue;
+          prob[j] /= row_sum;
+          double dp = 0.0;
+          for (int64_t c = 0; c < dv_dim; ++c) {
+            const double g = load(bp.dout, offset(bp.dout_strides, b, h, i, c), t);
+            dp += g * load(p.v, offset(p.v_strides, b, hk, j, c), t);
+            dv[j * dv_dim + c] += prob[j] * g;
+          }
+          ds[j] = prob[j] * (dp - delta);
+          for (int64_t c = 0; c < d; ++c) {
+            dq[c] += ds[j] * load(p.k, offset(p.k_strides, b, hk, j, c), t);
+            dk[j * d + c] += ds[j] * load(p.q, offset(p.q_strides, b, h, i, c), t);
+          }
+        }
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        store(bp.dq, offset(bp.dq_strides, b, h, i, c), t, scale * dq[c]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < sk; ++j) {
+    for (int64_t c = 0; c < d; ++c) {
+      store(bp.dk, offset(bp.dk_strides, b, hk, j, c), t, scale * dk[j * d + c]);
+    }
+    for (int64_t c = 0; c < dv_dim; ++c) {
+      store(bp.dv, offset(bp.dv_strides, b, hk, j, c), t, dv[j * dv_dim + c]);
+    }
+  }
+}
+
+}  // namespace
+
+void reference_attention_backward(const AttentionBackwardParams& params) {
+  detail::validate_backward_params(params);
+  const AttentionParams& p = params.forward;
+  const double scale = detail::resolved_softmax_scale(p);
+  const int64_t slices = p.batch * p.heads_kv;
+  if (slices == 0) return;
+  const int64_t workers =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(slices, 64));
+  auto run_slices = [&](int64_t first) {
+    for (int64_t s = first; s < slices; s += workers) {
+      reference_kv_head(params, s / p.heads_kv, s % p.heads_kv, scale);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(run_slices, w);
+  run_slices(0);
+  for (auto& thread : threads) thread.join();
+}
+
+}  // namespace samattn
