@@ -65,6 +65,48 @@ void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
   run_forward(params, query);
 }
 
+// Runs the backward with the SIMT kernels or, for CPU tensors, the fp64 reference. The CUDA
+// workspace comes from torch's caching allocator, on the current stream.
+void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
+  try {
+    if (query.is_cuda()) {
+      const c10::cuda::CUDAGuard guard(query.device());
+      const size_t bytes = attention_backward_workspace_bytes(params);
+      const at::Tensor workspace =
+          at::empty({static_cast<int64_t>(bytes)}, query.options().dtype(at::kByte));
+      params.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
+      attention_backward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
+    } else {
+      reference_attention_backward(params);
+    }
+  } catch (const Error& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  }
+}
+
+// Gradients of attention_forward: dq, dk, dv shaped like query, key, value (contiguous).
+// `deterministic` is accepted for API stability: the SIMT backward is always deterministic.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
+    const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse,
+    std::optional<double> scale, bool causal, int64_t kv_stride, bool deterministic) {
+  AttentionParams forward =
+      make_forward_params(query, key, value, {scale, causal, kv_stride, "auto"});
+  check_output(out, query, forward, "out");
+  check_output(dout, query, forward, "dout");
+  check_lse(lse, query, forward);
+  set_output(forward, out);
+  forward.lse = lse.data_ptr();
+  check_params(forward);
+  at::Tensor dq = at::empty(query.sizes(), query.options());
+  at::Tensor dk = at::empty(key.sizes(), key.options());
+  at::Tensor dv = at::empty(value.sizes(), value.options());
+  AttentionBackwardParams params = make_backward_params(forward, dout, dq, dk, dv);
+  params.deterministic = deterministic;
+  run_backward(params, query);
+  return {dq, dk, dv};
+}
+
 // The name of the kernel family that would run this call ("simt" or "tensor_core").
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
@@ -90,9 +132,16 @@ TORCH_LIBRARY(samattn, m) {
       "attention_forward(Tensor query, Tensor key, Tensor value, float? scale=None, "
       "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto') "
       "-> (Tensor out, Tensor lse)");
+  // Not differentiable: it writes into `out` and has no autograd formula, so `out` never carries
+  // a grad_fn (samattn.self_attention, its caller, raises when x requires grad). attention_forward
+  // is the differentiable op (autograd registered in samattn/_ops.py).
   m.def(
       "attention_forward_into(Tensor query, Tensor key, Tensor value, Tensor(a!) out, "
       "float? scale=None, bool causal=False, int kv_stride=1, str backend='auto') -> ()");
+  m.def(
+      "attention_backward(Tensor dout, Tensor query, Tensor key, Tensor value, Tensor out, "
+      "Tensor lse, float? scale=None, bool causal=False, int kv_stride=1, "
+      "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");
@@ -101,12 +150,14 @@ TORCH_LIBRARY(samattn, m) {
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
   m.impl("attention_forward", &attention_forward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);
+  m.impl("attention_backward", &attention_backward_op);
   m.impl("selected_backend", &selected_backend_op);
 }
 
 TORCH_LIBRARY_IMPL(samattn, CPU, m) {
   m.impl("attention_forward", &attention_forward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);
+  m.impl("attention_backward", &attention_backward_op);
 }
 
 }  // namespace samattn::torch_ops

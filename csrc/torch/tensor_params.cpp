@@ -130,24 +130,59 @@ AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& k
   return p;
 }
 
-void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& p) {
-  SAMATTN_CHECK_VALUE(out.defined(), "out must be a tensor, got None");
-  SAMATTN_CHECK_TYPE(out.scalar_type() == query.scalar_type(), "out dtype (",
+void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& p,
+                  const char* arg) {
+  SAMATTN_CHECK_VALUE(out.defined(), arg, " must be a tensor, got None");
+  SAMATTN_CHECK_TYPE(out.scalar_type() == query.scalar_type(), arg, " dtype (",
                      name(out.scalar_type()), ") must match query dtype (",
                      name(query.scalar_type()), ")");
-  SAMATTN_CHECK_VALUE(out.device() == query.device(), "out is on ", name(out.device()),
+  SAMATTN_CHECK_VALUE(out.device() == query.device(), arg, " is on ", name(out.device()),
                       " but query is on ", name(query.device()));
   const std::vector<int64_t> expected{p.batch, p.heads_q, p.seqlen_q, p.head_dim_v};
-  SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(expected), "out must have shape ",
+  SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(expected), arg, " must have shape ",
                       list(expected), ", got ", list(out.sizes()));
-  SAMATTN_CHECK_VALUE(out.stride(3) == 1 || out.size(3) <= 1,
-                      "out must be contiguous in its last dimension, got strides ",
+  // An empty tensor's strides are never used (the expanded gradient of an empty output has
+  // strides 0).
+  SAMATTN_CHECK_VALUE(out.numel() == 0 || out.stride(3) == 1 || out.size(3) <= 1, arg,
+                      " must be contiguous in its last dimension, got strides ",
                       list(out.strides()));
+}
+
+void check_lse(const at::Tensor& lse, const at::Tensor& query, const AttentionParams& p) {
+  SAMATTN_CHECK_VALUE(lse.defined(), "lse must be a tensor, got None");
+  const at::ScalarType expected_type = lse_dtype(query.scalar_type());
+  SAMATTN_CHECK_TYPE(lse.scalar_type() == expected_type, "lse dtype must be ",
+                     name(expected_type), " for ", name(query.scalar_type()), " inputs, got ",
+                     name(lse.scalar_type()));
+  SAMATTN_CHECK_VALUE(lse.device() == query.device(), "lse is on ", name(lse.device()),
+                      " but query is on ", name(query.device()));
+  const std::vector<int64_t> expected{p.batch, p.heads_q, p.seqlen_q};
+  SAMATTN_CHECK_VALUE(lse.sizes() == at::IntArrayRef(expected), "lse must have shape ",
+                      list(expected), " (the forward's return_lse=True output), got ",
+                      list(lse.sizes()));
+  SAMATTN_CHECK_VALUE(lse.is_contiguous(), "lse must be contiguous, got strides ",
+                      list(lse.strides()));
 }
 
 void set_output(AttentionParams& p, const at::Tensor& out) {
   p.out = out.data_ptr();
   p.out_strides = strides_of(out);
+}
+
+AttentionBackwardParams make_backward_params(const AttentionParams& forward,
+                                             const at::Tensor& dout, const at::Tensor& dq,
+                                             const at::Tensor& dk, const at::Tensor& dv) {
+  AttentionBackwardParams bp;
+  bp.forward = forward;
+  bp.dout = dout.data_ptr();
+  bp.dout_strides = strides_of(dout);
+  bp.dq = dq.data_ptr();
+  bp.dk = dk.data_ptr();
+  bp.dv = dv.data_ptr();
+  bp.dq_strides = strides_of(dq);
+  bp.dk_strides = strides_of(dk);
+  bp.dv_strides = strides_of(dv);
+  return bp;
 }
 
 void check_params(const AttentionParams& p) {

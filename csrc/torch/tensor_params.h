@@ -23,10 +23,21 @@ struct ForwardOptions {
 AttentionParams make_forward_params(const at::Tensor& query, const at::Tensor& key,
                                     const at::Tensor& value, const ForwardOptions& options);
 
-// Validates a caller-provided output against the params' shape, dtype and device.
-void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& params);
+// Validates a caller-provided output (or, named `arg`, another (B, Hq, Sq, Dv) tensor such as
+// dout) against the params' shape, dtype and device.
+void check_output(const at::Tensor& out, const at::Tensor& query, const AttentionParams& params,
+                  const char* arg = "out");
+
+// Validates the forward's log-sum-exp: contiguous (B, Hq, Sq) in lse_dtype, on query's device.
+void check_lse(const at::Tensor& lse, const at::Tensor& query, const AttentionParams& params);
 
 void set_output(AttentionParams& params, const at::Tensor& out);
+
+// Binds a backward problem: the forward problem with out and lse bound, dout, and the gradients
+// (same shapes as query, key and value), all already checked.
+AttentionBackwardParams make_backward_params(const AttentionParams& forward,
+                                             const at::Tensor& dout, const at::Tensor& dq,
+                                             const at::Tensor& dk, const at::Tensor& dv);
 
 // The core library's checks (options such as kv_stride and scale), raised as ValueError.
 void check_params(const AttentionParams& params);
