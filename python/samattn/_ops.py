@@ -41,3 +41,37 @@ def _attention_forward_fake(query, key, value, scale=None, causal=False, kv_stri
 def _attention_forward_into_fake(query, key, value, out, scale=None, causal=False, kv_stride=1,
                                  backend="auto"):
     return None
+
+
+@torch.library.register_fake("samattn::attention_backward")
+def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, causal=False,
+                             kv_stride=1, deterministic=False):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+# Autograd for attention_forward. The backward recomputes the probabilities from q, k and the
+# forward's lse, which samattn.attention requests whenever an input requires grad; a direct call
+# with return_lse=False is still differentiable, at the cost of a second forward in the
+# backward. lse is an output for inspection, not differentiable.
+def _attention_forward_setup_context(ctx, inputs, output):
+    query, key, value, scale, causal, kv_stride, _return_lse, backend = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(query, key, value, out, lse)
+    ctx.options = (scale, causal, kv_stride, backend)
+
+
+def _attention_forward_backward(ctx, dout, _dlse):
+    query, key, value, out, lse = ctx.saved_tensors
+    scale, causal, kv_stride, backend = ctx.options
+    if lse.dim() != 3:  # the forward ran with return_lse=False
+        _, lse = ops.attention_forward(query, key, value, scale, causal, kv_stride, True, backend)
+    if dout.stride(-1) != 1:  # e.g. the expanded gradient of out.sum()
+        dout = dout.contiguous()
+    dq, dk, dv = ops.attention_backward(dout, query, key, value, out, lse, scale, causal,
+                                        kv_stride, False)
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd("samattn::attention_forward", _attention_forward_backward,
+                                setup_context=_attention_forward_setup_context)

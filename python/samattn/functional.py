@@ -30,8 +30,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     backend: "auto" (fastest available), "simt" or "tensor_core".
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
+
+    Differentiable with respect to q, k and v (the SIMT backward on CUDA, for every dtype; the
+    fp64 reference on the CPU). lse is returned for inspection and is not differentiable.
     """
-    out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, return_lse, backend)
+    # The backward needs lse: compute it whenever autograd will record this call. getattr lets a
+    # non-tensor argument reach the op's named error.
+    needs_lse = return_lse or (torch.is_grad_enabled() and (
+        getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+        or getattr(v, "requires_grad", False)))
+    out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend)
     return (out, lse) if return_lse else out
 
 
@@ -96,7 +104,10 @@ def fused_attention(Q: Tensor, K: Tensor, V: Tensor) -> Tensor:
 
 def self_attention(x: Tensor, output: Tensor, d: int) -> Tensor:
     """Seed 002's entry point: attention of the (N, d) matrix x with itself (Q = K = V = x,
-    scale 1/sqrt(d)), written into `output` (N, d). Returns `output`."""
+    scale 1/sqrt(d)), written into `output` (N, d). Returns `output`.
+
+    Not differentiable: it writes into `output` through attention_forward_into, which has no
+    backward (use samattn.attention for gradients); x requiring grad raises RuntimeError."""
     if x.dim() != 2:
         raise ValueError(f"samattn.self_attention: x must be 2-D (N, d), got shape "
                          f"{tuple(x.shape)}")
@@ -108,6 +119,9 @@ def self_attention(x: Tensor, output: Tensor, d: int) -> Tensor:
     if output.dtype != x.dtype or output.device != x.device:
         raise ValueError(f"samattn.self_attention: output must be {x.dtype} on {x.device}, got "
                          f"{output.dtype} on {output.device}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError("samattn.self_attention writes into `output` and is not "
+                           "differentiable; use samattn.attention(q, k, v) for gradients")
     view = x.view(1, 1, *x.shape)
     ops.attention_forward_into(view, view, view, output.view(1, 1, *output.shape),
                                1.0 / math.sqrt(d), False, 1, "auto")
