@@ -1,0 +1,353 @@
+"""Gradients: autograd through samattn's ops. On the CPU (everywhere) the fp64 reference backward
+is checked with gradcheck, against torch autograd of an independent float64 formula, with
+opcheck, under torch.compile and by training seed 000's model; with a GPU the SIMT backward is
+checked against the fp64 reference for every dtype, for bit-identical reruns, with gradcheck in
+float64 and under CUDA-graph capture."""
+
+import os
+import sys
+import zlib
+
+import pytest
+import torch
+
+import samattn
+from helpers import ALL_DTYPES, assert_close, make_qkv, requires_cuda, torch_math_attention
+
+EXAMPLE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "strided_attention")
+
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v) and options.
+CPU_SCENARIOS = {
+    "dense": dict(shape=(2, 2, 2, 5, 6, 3, 3)),
+    "causal": dict(shape=(1, 2, 2, 6, 6, 4, 4), causal=True),
+    "kv_stride": dict(shape=(1, 2, 2, 5, 9, 3, 3), kv_stride=3),
+    "kv_stride_causal": dict(shape=(1, 1, 1, 7, 7, 3, 2), kv_stride=2, causal=True),
+    "gqa": dict(shape=(1, 4, 2, 4, 5, 3, 3)),
+    "mqa_causal": dict(shape=(1, 3, 1, 5, 5, 2, 3), causal=True),
+    "sq_gt_sk_causal": dict(shape=(1, 2, 2, 7, 3, 3, 3), causal=True),
+    "sq_lt_sk": dict(shape=(1, 2, 1, 3, 8, 3, 4)),
+    "scale": dict(shape=(1, 2, 2, 4, 5, 3, 3), scale=0.7),
+    "bshd_layout": dict(shape=(2, 2, 2, 4, 5, 3, 3), layout="bshd"),
+}
+
+
+def make_inputs(name, dtype=torch.float64, device="cpu", seed=None):
+    sc = dict(CPU_SCENARIOS[name])
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v = sc.pop("shape")
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v,
+                       dtype=dtype, device=device, layout=sc.pop("layout", "bhsd"),
+                       seed=zlib.crc32(name.encode()) if seed is None else seed)
+    return [t.requires_grad_() for t in (q, k, v)], sc
+
+
+@pytest.mark.parametrize("name", list(CPU_SCENARIOS))
+def test_gradcheck_cpu(name):
+    (q, k, v), options = make_inputs(name)
+    assert torch.autograd.gradcheck(lambda q, k, v: samattn.attention(q, k, v, **options),
+                                    (q, k, v))
+
+
+@pytest.mark.parametrize("name", list(CPU_SCENARIOS))
+def test_reference_gradients_match_torch_autograd(name):
+    (q, k, v), options = make_inputs(name)
+    dout = torch.randn(*q.shape[:3], v.shape[-1], dtype=torch.float64)
+    ours = torch.autograd.grad(samattn.attention(q, k, v, **options), (q, k, v), dout)
+    theirs = torch.autograd.grad(torch_math_attention(q, k, v, **options)[0], (q, k, v), dout)
+    for got, expected in zip(ours, theirs):
+        assert got.shape == expected.shape and got.is_contiguous()
+        assert_close(got, expected, torch.float64)
+
+
+def test_empty_problems_give_zero_gradients():
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 4, 0, 3, dtype=torch.float64))
+    dq, = torch.autograd.grad(samattn.attention(q, k, v).sum(), (q,))
+    assert torch.equal(dq, torch.zeros_like(dq))
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 0, 5, 3, dtype=torch.float64))
+    dk, dv = torch.autograd.grad(samattn.attention(q, k, v).sum(), (k, v))
+    assert torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
+
+
+def test_lse_is_returned_but_not_differentiable():
+    (q, k, v), _ = make_inputs("dense")
+    out, lse = samattn.attention(q, k, v, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_direct_op_without_lse_is_still_differentiable():
+    (q, k, v), _ = make_inputs("causal")
+    out, lse = samattn.ops.attention_forward(q, k, v, None, True, 1, False, "auto")
+    assert lse.shape == (0,)
+    ours = torch.autograd.grad(out.sum(), (q, k, v))
+    theirs = torch.autograd.grad(samattn.attention(q, k, v, causal=True).sum(), (q, k, v))
+    for got, expected in zip(ours, theirs):
+        assert torch.equal(got, expected)
+
+
+def test_self_attention_is_not_differentiable():
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        samattn.self_attention(x, torch.empty(5, 4, dtype=torch.float64), 4)
+    with torch.no_grad():
+        samattn.self_attention(x, torch.empty(5, 4, dtype=torch.float64), 4)
+
+
+def backward_args(name="gqa", dtype=torch.float64):
+    (q, k, v), options = make_inputs(name, dtype)
+    out, lse = samattn.attention(q, k, v, return_lse=True, **options)
+    dout = torch.randn_like(out)
+    return [dout, q.detach(), k.detach(), v.detach(), out.detach(), lse,
+            options.get("scale"), options.get("causal", False), options.get("kv_stride", 1),
+            False]
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda a: a.__setitem__(0, a[0][:, :, :-1]), ValueError, r"dout must have shape"),
+    (lambda a: a.__setitem__(0, a[0].float()), TypeError, r"dout dtype"),
+    (lambda a: a.__setitem__(4, a[4][..., :-1]), ValueError, r"out must have shape"),
+    (lambda a: a.__setitem__(5, a[5].float()), TypeError, r"lse dtype must be Double"),
+    (lambda a: a.__setitem__(5, a[5][:, :, :-1]), ValueError, r"lse must have shape"),
+    (lambda a: a.__setitem__(5, torch.empty(0, dtype=torch.float64)), ValueError,
+     r"return_lse=True"),
+    (lambda a: a.__setitem__(8, 0), ValueError, r"kv_stride must be >= 1"),
+])
+def test_backward_op_rejects_bad_arguments(change, error, message):
+    args = backward_args()
+    change(args)
+    with pytest.raises(error, match=message):
+        samattn.ops.attention_backward(*args)
+
+
+def test_opcheck_forward_and_backward():
+    for name in ("gqa", "kv_stride_causal"):
+        (q, k, v), options = make_inputs(name)
+        for return_lse in (True, False):
+            torch.library.opcheck(samattn.ops.attention_forward,
+                                  (q, k, v, options.get("scale"), options.get("causal", False),
+                                   options.get("kv_stride", 1), return_lse, "auto"))
+        torch.library.opcheck(samattn.ops.attention_backward, backward_args(name))
+
+
+class TinyAttentionModel(torch.nn.Module):
+    """A causal GQA attention block: projections around one samattn call on (B, S, H, D) views."""
+
+    def __init__(self, dim=16, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim, dtype=torch.float64)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.head_dim, dtype=torch.float64)
+        self.out = torch.nn.Linear(dim, dim, dtype=torch.float64)
+
+    def forward(self, x):
+        batch, seq, dim = x.shape
+        q = self.q(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(batch, seq, 2, self.kv_heads, self.head_dim).unbind(2)
+        attn = samattn.attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return self.out(attn.transpose(1, 2).reshape(batch, seq, dim))
+
+
+def test_torch_compile_forward_and_backward_match_eager():
+    torch.manual_seed(0)
+    model = TinyAttentionModel()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+
+    def loss_and_grads(fn):
+        model.zero_grad()
+        loss = fn(x).square().sum()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager_loss, eager_grads = loss_and_grads(model)
+    compiled_loss, compiled_grads = loss_and_grads(torch.compile(model, fullgraph=True))
+    assert_close(compiled_loss, eager_loss, torch.float64)
+    for got, expected in zip(compiled_grads, eager_grads):
+        assert_close(got, expected, torch.float64)
+
+
+def test_entry_points_are_differentiable():
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 2, 6, 6, 4, dtype=torch.float64))
+    sdpa = samattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=True)
+    for got, want in zip(torch.autograd.grad(sdpa.sum(), (q, k, v)),
+                         torch.autograd.grad(expected.sum(), (q, k, v))):
+        assert_close(got, want, torch.float64)
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 7, 7, 4, dtype=torch.float64))
+    for out, expected in ((samattn.strided_attention(q, k, v, 3),
+                           torch_math_attention(q, k, v, kv_stride=3)[0]),
+                          (samattn.fused_attention(q, k, v), torch_math_attention(q, k, v)[0])):
+        for got, want in zip(torch.autograd.grad(out.sum(), (q, k, v)),
+                             torch.autograd.grad(expected.sum(), (q, k, v))):
+            assert_close(got, want, torch.float64)
+
+
+def train(model, x, target, steps, lr=0.05):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_seed_000_model_trains_like_the_naive_model():
+    sys.path.insert(0, EXAMPLE_DIR)
+    try:
+        from attention import CustomStridedAttention, NaiveStridedAttention
+        from model import SimpleModel
+    finally:
+        sys.path.remove(EXAMPLE_DIR)
+    torch.manual_seed(0)
+    naive = SimpleModel(32, 4, 3, NaiveStridedAttention).double()
+    custom = SimpleModel(32, 4, 3, CustomStridedAttention).double()
+    custom.load_state_dict(naive.state_dict())
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    target = torch.randn(2, 20, 32, dtype=torch.float64)
+    naive_losses = train(naive, x, target, steps=5)
+    custom_losses = train(custom, x, target, steps=5)
+    assert custom_losses[-1] < custom_losses[0]
+    # The naive softmax adds 1e-6 to its denominator (the assignment's), so the two models
+    # differ by about 1e-6 relative, and so do their losses.
+    for ours, theirs in zip(custom_losses, naive_losses):
+        assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_strided_attention_module_trains():
+    torch.manual_seed(0)
+    module = samattn.nn.StridedAttention(32, 4, stride=2, dtype=torch.float64)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    losses = train(module, x, torch.randn_like(x), steps=5, lr=0.1)
+    assert losses[-1] < losses[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the SIMT backward.
+
+GPU_SCENARIOS = {
+    "dense": dict(shape=(2, 4, 4, 77, 129, 64, 64)),
+    "causal": dict(shape=(2, 4, 4, 129, 129, 64, 64), causal=True),
+    "causal_sq_gt_sk": dict(shape=(1, 2, 2, 130, 40, 64, 64), causal=True),
+    "causal_sq_lt_sk": dict(shape=(1, 2, 2, 40, 130, 64, 64), causal=True),
+    "strided": dict(shape=(2, 4, 4, 100, 256, 64, 64), kv_stride=4),
+    "strided_causal": dict(shape=(1, 4, 4, 129, 129, 32, 32), kv_stride=3, causal=True),
+    "gqa_8to1": dict(shape=(2, 8, 1, 64, 80, 128, 128)),
+    "bshd_layout": dict(shape=(2, 4, 2, 65, 70, 64, 64), layout="bshd"),
+    "s1": dict(shape=(3, 2, 2, 1, 1, 64, 64)),
+    "s1000": dict(shape=(1, 2, 2, 1000, 1000, 64, 64), causal=True),
+    "head_dim_8": dict(shape=(1, 2, 2, 33, 33, 8, 8)),
+    "head_dim_72": dict(shape=(1, 2, 2, 33, 47, 72, 72)),
+    "head_dim_96": dict(shape=(1, 2, 2, 33, 47, 96, 96)),
+    "head_dim_256": dict(shape=(1, 2, 2, 70, 90, 256, 256), causal=True),
+    "value_dim_differs": dict(shape=(1, 2, 2, 20, 30, 32, 48)),
+    "scale": dict(shape=(1, 2, 2, 50, 60, 64, 64), scale=0.05),
+}
+
+
+def gpu_problem(name, dtype):
+    sc = dict(GPU_SCENARIOS[name])
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v = sc.pop("shape")
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v,
+                       dtype=dtype, device="cuda", layout=sc.pop("layout", "bhsd"),
+                       seed=zlib.crc32(name.encode()))
+    return q, k, v, sc
+
+
+def poison_cuda_cache(*like):
+    """Allocates and frees NaN tensors shaped like the gradients the op allocates next, so the
+    caching allocator most likely hands it those blocks and an unwritten element fails."""
+    [torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in like]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(GPU_SCENARIOS))
+def test_gpu_gradients_match_reference(name, dtype):
+    q, k, v, options = gpu_problem(name, dtype)
+    out, lse = samattn.attention(q, k, v, return_lse=True, **options)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to("cuda", dtype)
+    args = (options.get("scale"), options.get("causal", False), options.get("kv_stride", 1),
+            False)
+    poison_cuda_cache(q, k, v)
+    grads = samattn.ops.attention_backward(dout, q, k, v, out, lse, *args)
+    # The oracle: the fp64 reference backward on exact float64 copies of the same inputs,
+    # including the forward's out (D = dout . out uses it on both sides, as FlashAttention's
+    # backward does). The SIMT backward accumulates in fp32 (fp64 for fp64) and rounds only its
+    # outputs, so the forward's tolerance rule for each dtype applies unchanged.
+    cpu = [t.detach().double().cpu() for t in (dout, q, k, v, out)]
+    expected = samattn.ops.attention_backward(*cpu, lse.double().cpu(), *args)
+    for got, ref, like in zip(grads, expected, (q, k, v)):
+        assert got.shape == like.shape and got.dtype == dtype
+        assert_close(got, ref, dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_gpu_backward_reruns_are_bit_identical(dtype):
+    q, k, v, options = gpu_problem("gqa_8to1", dtype)
+    out, lse = samattn.attention(q, k, v, return_lse=True, causal=True)
+    dout = torch.randn_like(out)
+    first = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, True, 1, False)
+    second = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, True, 1, True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(kv_stride=2, causal=True)],
+                         ids=["dense", "causal", "strided_causal"])
+def test_gpu_gradcheck_fp64(options):
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 2, 9, 11, 5, 6, dtype=torch.float64,
+                                                    device="cuda", seed=3))
+    assert torch.autograd.gradcheck(lambda q, k, v: samattn.attention(q, k, v, **options),
+                                    (q, k, v))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_cuda_graph_forward_backward(dtype):
+    shapes = dict(batch=2, heads_q=4, heads_kv=2, seqlen_q=70, seqlen_k=70, head_dim=64)
+
+    def fresh(seed):
+        q, k, v = make_qkv(*shapes.values(), dtype=dtype, device="cuda", seed=seed)
+        return q, k, v, torch.randn(q.shape, device="cuda").to(dtype)
+
+    static = [t.clone().requires_grad_(i < 3) for i, t in enumerate(fresh(0))]
+
+    def step():
+        q, k, v, dout = static
+        out = samattn.attention(q, k, v, causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up the allocator outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+
+    for seed in (1, 2):
+        inputs = fresh(seed)
+        with torch.no_grad():
+            for dst, src in zip(static, inputs):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs))
+        out = samattn.attention(q, k, v, causal=True)
+        eager = (out, *torch.autograd.grad(out, (q, k, v), dout))
+        for got, want in zip(captured, eager):
+            assert torch.equal(got, want)
+
+
+@requires_cuda
+def test_gpu_strided_attention_module_trains():
+    torch.manual_seed(0)
+    module = samattn.nn.StridedAttention(64, 4, stride=3, device="cuda")
+    x = torch.randn(4, 100, 64, device="cuda")
+    losses = train(module, x, torch.randn_like(x), steps=10, lr=0.1)
+    assert losses[-1] < losses[0]
