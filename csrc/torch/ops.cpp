@@ -87,9 +87,9 @@ void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
 // Gradients of attention_forward: dq, dk, dv shaped like query, key, value (contiguous).
 // `deterministic` is accepted for API stability: the SIMT backward is always deterministic.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
-    const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key,
-    const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse,
-    std::optional<double> scale, bool causal, int64_t kv_stride, bool deterministic) {
+    const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& out, const at::Tensor& lse, std::optional<double> scale, bool causal,
+    int64_t kv_stride, bool deterministic) {
   AttentionParams forward =
       make_forward_params(query, key, value, {scale, causal, kv_stride, "auto"});
   check_output(out, query, forward, "out");

@@ -151,9 +151,8 @@ void check_output(const at::Tensor& out, const at::Tensor& query, const Attentio
 void check_lse(const at::Tensor& lse, const at::Tensor& query, const AttentionParams& p) {
   SAMATTN_CHECK_VALUE(lse.defined(), "lse must be a tensor, got None");
   const at::ScalarType expected_type = lse_dtype(query.scalar_type());
-  SAMATTN_CHECK_TYPE(lse.scalar_type() == expected_type, "lse dtype must be ",
-                     name(expected_type), " for ", name(query.scalar_type()), " inputs, got ",
-                     name(lse.scalar_type()));
+  SAMATTN_CHECK_TYPE(lse.scalar_type() == expected_type, "lse dtype must be ", name(expected_type),
+                     " for ", name(query.scalar_type()), " inputs, got ", name(lse.scalar_type()));
   SAMATTN_CHECK_VALUE(lse.device() == query.device(), "lse is on ", name(lse.device()),
                       " but query is on ", name(query.device()));
   const std::vector<int64_t> expected{p.batch, p.heads_q, p.seqlen_q};
@@ -169,9 +168,9 @@ void set_output(AttentionParams& p, const at::Tensor& out) {
   p.out_strides = strides_of(out);
 }
 
-AttentionBackwardParams make_backward_params(const AttentionParams& forward,
-                                             const at::Tensor& dout, const at::Tensor& dq,
-                                             const at::Tensor& dk, const at::Tensor& dv) {
+AttentionBackwardParams make_backward_params(const AttentionParams& forward, const at::Tensor& dout,
+                                             const at::Tensor& dq, const at::Tensor& dk,
+                                             const at::Tensor& dv) {
   AttentionBackwardParams bp;
   bp.forward = forward;
   bp.dout = dout.data_ptr();

@@ -35,9 +35,9 @@ void set_output(AttentionParams& params, const at::Tensor& out);
 
 // Binds a backward problem: the forward problem with out and lse bound, dout, and the gradients
 // (same shapes as query, key and value), all already checked.
-AttentionBackwardParams make_backward_params(const AttentionParams& forward,
-                                             const at::Tensor& dout, const at::Tensor& dq,
-                                             const at::Tensor& dk, const at::Tensor& dv);
+AttentionBackwardParams make_backward_params(const AttentionParams& forward, const at::Tensor& dout,
+                                             const at::Tensor& dq, const at::Tensor& dk,
+                                             const at::Tensor& dv);
 
 // The core library's checks (options such as kv_stride and scale), raised as ValueError.
 void check_params(const AttentionParams& params);
