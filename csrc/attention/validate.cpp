@@ -85,8 +85,6 @@ void validate_forward_params(const AttentionParams& p) {
 void validate_backward_params(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.forward;
   validate_forward_params(p);
-  SAMATTN_CHECK(p.backend != Backend::kTensorCore,
-                "backend tensor_core has no backward yet; use auto or simt");
   if (output_rows(p) > 0) {
     SAMATTN_CHECK(bp.dout != nullptr, "dout must not be null");
     SAMATTN_CHECK(bp.dq != nullptr, "dq must not be null");

@@ -223,8 +223,6 @@ const InvalidCase kInvalidCases[] = {
     {"workspace_alignment",
      [](AttentionBackwardParams& p) { p.workspace = static_cast<char*>(p.workspace) + 4; },
      "workspace must be aligned to 256 bytes"},
-    {"tensor_core", [](AttentionBackwardParams& p) { p.forward.backend = Backend::kTensorCore; },
-     "backend tensor_core has no backward yet"},
     {"forward_field", [](AttentionBackwardParams& p) { p.forward.kv_stride = 0; },
      "kv_stride must be >= 1"},
 };
@@ -240,6 +238,16 @@ TEST(BackwardValidationReference, NamesTheField) {
     FAIL() << "the reference accepted a null dout";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("dout must not be null"), std::string::npos);
+  }
+}
+
+TEST(BackwardValidationBackend, EveryBackendValueIsAccepted) {
+  BackwardProblem pb({1, 2, 2, 3, 5, 8, 8}, DType::kFloat32);
+  alignas(256) static unsigned char workspace[256];
+  pb.params.workspace = workspace;
+  for (Backend backend : {Backend::kAuto, Backend::kSimt, Backend::kTensorCore}) {
+    pb.params.forward.backend = backend;
+    EXPECT_TRUE(can_implement_backward(pb.params).ok()) << backend_name(backend);
   }
 }
 

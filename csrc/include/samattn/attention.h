@@ -92,7 +92,8 @@ struct AttentionBackwardParams {
   // The forward problem: shapes, strides, dtype and options, plus q, k, v, out and lse. out and
   // lse are those the forward wrote (lse is required by attention_backward; the reference
   // recomputes the probabilities and ignores it). D is computed from `out` as given.
-  // backend: kAuto or kSimt; there is no tensor-core backward yet.
+  // forward.backend picks the forward's kernels only: the backward has one implementation,
+  // the SIMT kernels, and runs them for every backend value.
   AttentionParams forward;
 
   // dL/dout, (B, Hq, Sq, Dv) in forward.dtype, last dimension contiguous.
