@@ -75,3 +75,18 @@ def _attention_forward_backward(ctx, dout, _dlse):
 
 torch.library.register_autograd("samattn::attention_forward", _attention_forward_backward,
                                 setup_context=_attention_forward_setup_context)
+
+
+# Gradients of the gradients are not implemented: without this, autograd would silently treat
+# attention_backward as constant (zeros) when differentiating with create_graph=True.
+def _attention_backward_setup_context(ctx, inputs, output):
+    pass
+
+
+def _attention_backward_backward(ctx, *grads):
+    raise RuntimeError("samattn: double backward (differentiating attention_backward, e.g. "
+                       "after autograd.grad(..., create_graph=True)) is not supported")
+
+
+torch.library.register_autograd("samattn::attention_backward", _attention_backward_backward,
+                                setup_context=_attention_backward_setup_context)

@@ -83,6 +83,13 @@ def test_direct_op_without_lse_is_still_differentiable():
         assert torch.equal(got, expected)
 
 
+def test_double_backward_raises():
+    (q, k, v), _ = make_inputs("dense")
+    dq, = torch.autograd.grad(samattn.attention(q, k, v).square().sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(dq.sum(), (q, k, v))
+
+
 def test_self_attention_is_not_differentiable():
     x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
