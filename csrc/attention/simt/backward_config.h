@@ -11,7 +11,9 @@ template <typename Acc, int kHeadDimBucket>
 struct BackwardTileBase {
   static constexpr int kThreads = 256;
   // Two blocks per multiprocessor caps registers at 128 per thread: 16 warps hide the latency
-  // of the shared-memory operand loads.
+  // of the shared-memory operand loads. At this cap the dK/dV kernel spills a few loop-invariant
+  // addresses (reloaded at the heads of the tile loops, never inside the FMA loops). sm_75 fits
+  // only one block of these tiles in its 64 KiB, so there the cap buys nothing.
   static constexpr int kMinBlocks = 2;
   static constexpr int kRowGroups = 16;
   static constexpr int kThreadsPerRow = kThreads / kRowGroups;
@@ -26,7 +28,9 @@ struct BackwardTileBase {
 };
 
 // dQ: one block per (batch, query head, kBlockM queries), walking the visible key blocks; each
-// thread holds kRowsPerThread x kOutColsPerThread of dQ. Same tiles as the chunked forward.
+// thread holds kRowsPerThread x kOutColsPerThread of dQ. kBlockM caps dQ at 32 KiB per block
+// (32 registers per thread): 64 queries up to bucket 128 (fp32) or 64 (fp64), halved per
+// doubling beyond. Otherwise the tiles of the chunked forward.
 template <typename Acc, int kHeadDimBucket>
 struct BackwardDqConfig : BackwardTileBase<Acc, kHeadDimBucket> {
   using Base = BackwardTileBase<Acc, kHeadDimBucket>;
