@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "samattn/attention.h"
+
 namespace samattn::detail {
 
 struct ForwardKernelParams {
@@ -27,5 +29,9 @@ struct ForwardKernelParams {
   double scale_log2;  // softmax_scale * log2(e): scores go through exp2
   bool causal;
 };
+
+// Derives the kernel parameters from validated AttentionParams (strides with kv_stride folded
+// in, kept key count, log2-scaled softmax scale).
+ForwardKernelParams make_forward_kernel_params(const AttentionParams& params);
 
 }  // namespace samattn::detail

@@ -56,6 +56,8 @@ def default(quick: bool) -> Tuple[List[AttentionConfig], List[str]]:
     configs += [AttentionConfig(4, HEADS, 4096, 64, dtype="bf16"),
                 AttentionConfig(4, HEADS, 4096, 64, dtype="fp32"),
                 SEED_000, AttentionConfig(4, 16, 4096, 128, dtype="bf16", kv_stride=4)]
+    configs += [AttentionConfig(4, HEADS, 4096, d, dtype=dt, causal=c, direction="bwd")
+                for dt, d in (("fp32", 64), ("bf16", 128)) for c in (False, True)]
     return configs, STRIDED_METHODS
 
 

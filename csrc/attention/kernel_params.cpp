@@ -1,0 +1,41 @@
+// The one place AttentionParams turn into what the kernels receive.
+#include <cmath>
+
+#include "attention/kernel_params.h"
+#include "attention/validate.h"
+
+namespace samattn::detail {
+
+ForwardKernelParams make_forward_kernel_params(const AttentionParams& p) {
+  ForwardKernelParams k{};
+  k.q = p.q;
+  k.k = p.k;
+  k.v = p.v;
+  k.out = p.out;
+  k.lse = p.lse;
+  k.q_batch_stride = p.q_strides.batch;
+  k.q_head_stride = p.q_strides.head;
+  k.q_row_stride = p.q_strides.seq;
+  k.k_batch_stride = p.k_strides.batch;
+  k.k_head_stride = p.k_strides.head;
+  k.k_row_stride = p.k_strides.seq * p.kv_stride;
+  k.v_batch_stride = p.v_strides.batch;
+  k.v_head_stride = p.v_strides.head;
+  k.v_row_stride = p.v_strides.seq * p.kv_stride;
+  k.o_batch_stride = p.out_strides.batch;
+  k.o_head_stride = p.out_strides.head;
+  k.o_row_stride = p.out_strides.seq;
+  k.batch = p.batch;
+  k.heads_q = p.heads_q;
+  k.group_size = p.heads_q / p.heads_kv;
+  k.seqlen_q = p.seqlen_q;
+  k.kept_keys = strided_key_count(p);
+  k.kv_stride = p.kv_stride;
+  k.head_dim = static_cast<int>(p.head_dim);
+  k.head_dim_v = static_cast<int>(p.head_dim_v);
+  k.scale_log2 = resolved_softmax_scale(p) * M_LOG2E;
+  k.causal = p.causal;
+  return k;
+}
+
+}  // namespace samattn::detail
