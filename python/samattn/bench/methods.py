@@ -172,6 +172,8 @@ def _naive_loop() -> Method:
             return "the seed's loop is non-causal MHA only"
         if cfg.seqlen > 4096:
             return "too slow beyond S=4096"
+        if cfg.direction == "bwd":
+            return "autograd through the per-query loop is too slow to time"
         return None
 
     def forward(cfg, inputs):
