@@ -1,8 +1,10 @@
 // The one place AttentionParams turn into what the kernels receive.
 #include <cmath>
+#include <limits>
 
 #include "attention/kernel_params.h"
 #include "attention/validate.h"
+#include "common/check.h"
 
 namespace samattn::detail {
 
@@ -36,6 +38,15 @@ ForwardKernelParams make_forward_kernel_params(const AttentionParams& p) {
   k.scale_log2 = resolved_softmax_scale(p) * M_LOG2E;
   k.causal = p.causal;
   return k;
+}
+
+unsigned query_block_grid(const ForwardKernelParams& params, int block_m) {
+  const int64_t m_blocks = (params.seqlen_q + block_m - 1) / block_m;
+  const int64_t blocks = m_blocks * params.batch * params.heads_q;
+  SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_q * ceil(seqlen_q / ",
+                block_m, ") = ", blocks, " exceeds the grid limit of ",
+                std::numeric_limits<int>::max(), " blocks");
+  return static_cast<unsigned>(blocks);
 }
 
 }  // namespace samattn::detail

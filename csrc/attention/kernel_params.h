@@ -34,4 +34,8 @@ struct ForwardKernelParams {
 // in, kept key count, log2-scaled softmax scale).
 ForwardKernelParams make_forward_kernel_params(const AttentionParams& params);
 
+// Blocks of a grid with one block per (batch, head, block_m query rows), checked against the
+// launch limit (throws samattn::Error beyond it).
+unsigned query_block_grid(const ForwardKernelParams& params, int block_m);
+
 }  // namespace samattn::detail

@@ -25,7 +25,7 @@ unsigned key_grid_blocks(const detail::BackwardKernelParams& params) {
 
 template <DType kDType, int kHeadDimBucket>
 void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t stream) {
-  using Element = typename ElementOf<kDType>::type;
+  using Element = typename detail::ElementOf<kDType>::type;
   using Acc = typename AccumulatorOf<Element>::type;
   using DkDv = BackwardDkDvConfig<Acc, kHeadDimBucket>;
   using Dq = BackwardDqConfig<Acc, kHeadDimBucket>;
@@ -36,7 +36,7 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
   }
   if (params.fwd.seqlen_q > 0) {
     backward_dq_kernel<Element, kHeadDimBucket>
-        <<<grid_blocks<Dq::kBlockM>(params.fwd), Dq::kThreads, 0, stream>>>(params);
+        <<<detail::query_block_grid(params.fwd, Dq::kBlockM), Dq::kThreads, 0, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
 }
