@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "samattn/types.h"
+
 namespace samattn::detail {
 
 inline float bits_to_float(uint32_t bits) {
@@ -49,7 +51,7 @@ inline uint16_t double_to_float16(double value) {
   const uint32_t bits = float_to_bits(static_cast<float>(value));
   const uint32_t sign = (bits >> 16) & 0x8000u;
   const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs_bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs_bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (abs_bits < 0x38800000u) {
     // Result is subnormal (or zero) in half precision: round |x| / 2^-24 to an integer.
@@ -64,6 +66,39 @@ inline uint16_t double_to_float16(double value) {
   const uint32_t rebased = abs_bits - (112u << 23);
   const uint32_t rounding = 0xfffu + ((rebased >> 13) & 1u);
   return static_cast<uint16_t>(sign | ((rebased + rounding) >> 13));
+}
+
+// Element `offset` of a host array of `dtype`, exactly, as double.
+inline double load_as_double(const void* base, int64_t offset, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+      return static_cast<const double*>(base)[offset];
+    case DType::kFloat32:
+      return static_cast<const float*>(base)[offset];
+    case DType::kFloat16:
+      return float16_to_double(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kBFloat16:
+      return bfloat16_to_double(static_cast<const uint16_t*>(base)[offset]);
+  }
+  return 0.0;
+}
+
+// Stores `value` rounded to `dtype` (to nearest, ties to even) at element `offset`.
+inline void store_from_double(void* base, int64_t offset, DType dtype, double value) {
+  switch (dtype) {
+    case DType::kFloat64:
+      static_cast<double*>(base)[offset] = value;
+      break;
+    case DType::kFloat32:
+      static_cast<float*>(base)[offset] = static_cast<float>(value);
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(base)[offset] = double_to_float16(value);
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(base)[offset] = double_to_bfloat16(value);
+      break;
+  }
 }
 
 }  // namespace samattn::detail

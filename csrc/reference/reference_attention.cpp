@@ -13,31 +13,6 @@
 namespace samattn {
 namespace {
 
-double load(const void* base, int64_t offset, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat64: return static_cast<const double*>(base)[offset];
-    case DType::kFloat32: return static_cast<const float*>(base)[offset];
-    case DType::kFloat16:
-      return detail::float16_to_double(static_cast<const uint16_t*>(base)[offset]);
-    case DType::kBFloat16:
-      return detail::bfloat16_to_double(static_cast<const uint16_t*>(base)[offset]);
-  }
-  return 0.0;
-}
-
-void store(void* base, int64_t offset, DType dtype, double value) {
-  switch (dtype) {
-    case DType::kFloat64: static_cast<double*>(base)[offset] = value; break;
-    case DType::kFloat32: static_cast<float*>(base)[offset] = static_cast<float>(value); break;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(base)[offset] = detail::double_to_float16(value);
-      break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(base)[offset] = detail::double_to_bfloat16(value);
-      break;
-  }
-}
-
 // max() that lets a NaN through, so a NaN score poisons its row as it does on the GPU.
 double nan_propagating_max(double a, double b) { return (std::isnan(b) || b > a) ? b : a; }
 
@@ -65,8 +40,8 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
       if (!key_visible(p, i, j)) continue;
       double dot = 0.0;
       for (int64_t d = 0; d < p.head_dim; ++d) {
-        dot += load(p.q, q_base + i * p.q_strides.seq + d, p.dtype) *
-               load(p.k, k_base + j * p.k_strides.seq + d, p.dtype);
+        dot += detail::load_as_double(p.q, q_base + i * p.q_strides.seq + d, p.dtype) *
+               detail::load_as_double(p.k, k_base + j * p.k_strides.seq + d, p.dtype);
       }
       scores[j] = dot * scale;
       row_max = nan_propagating_max(row_max, scores[j]);
@@ -80,13 +55,14 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
         const double weight = std::exp(scores[j] - row_max);
         row_sum += weight;
         for (int64_t d = 0; d < p.head_dim_v; ++d) {
-          accum[d] += weight * load(p.v, v_base + j * p.v_strides.seq + d, p.dtype);
+          accum[d] +=
+              weight * detail::load_as_double(p.v, v_base + j * p.v_strides.seq + d, p.dtype);
         }
       }
     }
     for (int64_t d = 0; d < p.head_dim_v; ++d) {
       const double value = any_visible ? accum[d] / row_sum : 0.0;
-      store(p.out, o_base + i * p.out_strides.seq + d, p.dtype, value);
+      detail::store_from_double(p.out, o_base + i * p.out_strides.seq + d, p.dtype, value);
     }
     if (p.lse != nullptr) {
       const double lse = any_visible ? row_max + std::log(row_sum) : neg_inf;

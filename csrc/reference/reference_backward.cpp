@@ -17,37 +17,6 @@
 namespace samattn {
 namespace {
 
-double load(const void* base, int64_t offset, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat64:
-      return static_cast<const double*>(base)[offset];
-    case DType::kFloat32:
-      return static_cast<const float*>(base)[offset];
-    case DType::kFloat16:
-      return detail::float16_to_double(static_cast<const uint16_t*>(base)[offset]);
-    case DType::kBFloat16:
-      return detail::bfloat16_to_double(static_cast<const uint16_t*>(base)[offset]);
-  }
-  return 0.0;
-}
-
-void store(void* base, int64_t offset, DType dtype, double value) {
-  switch (dtype) {
-    case DType::kFloat64:
-      static_cast<double*>(base)[offset] = value;
-      break;
-    case DType::kFloat32:
-      static_cast<float*>(base)[offset] = static_cast<float>(value);
-      break;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(base)[offset] = detail::double_to_float16(value);
-      break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(base)[offset] = detail::double_to_bfloat16(value);
-      break;
-  }
-}
-
 bool key_visible(const AttentionParams& p, int64_t query, int64_t key) {
   if (key % p.kv_stride != 0) return false;
   return !p.causal || key <= query;
@@ -75,8 +44,8 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
         if (!key_visible(p, i, j)) continue;
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-          dot += load(p.q, offset(p.q_strides, b, h, i, c), t) *
-                 load(p.k, offset(p.k_strides, b, hk, j, c), t);
+          dot += detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c), t) *
+                 detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c), t);
         }
         prob[j] = dot * scale;
         row_max = std::max(row_max, prob[j]);
@@ -91,36 +60,39 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
         }
         double delta = 0.0;
         for (int64_t c = 0; c < dv_dim; ++c) {
-          delta += load(bp.dout, offset(bp.dout_strides, b, h, i, c), t) *
-                   load(p.out, offset(p.out_strides, b, h, i, c), t);
+          delta += detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c), t) *
+                   detail::load_as_double(p.out, offset(p.out_strides, b, h, i, c), t);
         }
         for (int64_t j = 0; j < sk; ++j) {
           if (!key_visible(p, i, j)) continue;
           prob[j] /= row_sum;
           double dp = 0.0;
           for (int64_t c = 0; c < dv_dim; ++c) {
-            const double g = load(bp.dout, offset(bp.dout_strides, b, h, i, c), t);
-            dp += g * load(p.v, offset(p.v_strides, b, hk, j, c), t);
+            const double g =
+                detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c), t);
+            dp += g * detail::load_as_double(p.v, offset(p.v_strides, b, hk, j, c), t);
             dv[j * dv_dim + c] += prob[j] * g;
           }
           ds[j] = prob[j] * (dp - delta);
           for (int64_t c = 0; c < d; ++c) {
-            dq[c] += ds[j] * load(p.k, offset(p.k_strides, b, hk, j, c), t);
-            dk[j * d + c] += ds[j] * load(p.q, offset(p.q_strides, b, h, i, c), t);
+            dq[c] += ds[j] * detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c), t);
+            dk[j * d + c] +=
+                ds[j] * detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c), t);
           }
         }
       }
       for (int64_t c = 0; c < d; ++c) {
-        store(bp.dq, offset(bp.dq_strides, b, h, i, c), t, scale * dq[c]);
+        detail::store_from_double(bp.dq, offset(bp.dq_strides, b, h, i, c), t, scale * dq[c]);
       }
     }
   }
   for (int64_t j = 0; j < sk; ++j) {
     for (int64_t c = 0; c < d; ++c) {
-      store(bp.dk, offset(bp.dk_strides, b, hk, j, c), t, scale * dk[j * d + c]);
+      detail::store_from_double(bp.dk, offset(bp.dk_strides, b, hk, j, c), t,
+                                scale * dk[j * d + c]);
     }
     for (int64_t c = 0; c < dv_dim; ++c) {
-      store(bp.dv, offset(bp.dv_strides, b, hk, j, c), t, dv[j * dv_dim + c]);
+      detail::store_from_double(bp.dv, offset(bp.dv_strides, b, hk, j, c), t, dv[j * dv_dim + c]);
     }
   }
 }

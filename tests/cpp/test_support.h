@@ -38,29 +38,8 @@ struct HostTensor {
   void* data() { return bytes.data(); }
   const void* data() const { return bytes.data(); }
 
-  double get(int64_t i) const {
-    switch (dtype) {
-      case DType::kFloat64: return reinterpret_cast<const double*>(bytes.data())[i];
-      case DType::kFloat32: return reinterpret_cast<const float*>(bytes.data())[i];
-      case DType::kFloat16:
-        return detail::float16_to_double(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
-      case DType::kBFloat16:
-        return detail::bfloat16_to_double(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
-    }
-    return 0;
-  }
-  void set(int64_t i, double value) {
-    switch (dtype) {
-      case DType::kFloat64: reinterpret_cast<double*>(bytes.data())[i] = value; break;
-      case DType::kFloat32: reinterpret_cast<float*>(bytes.data())[i] = float(value); break;
-      case DType::kFloat16:
-        reinterpret_cast<uint16_t*>(bytes.data())[i] = detail::double_to_float16(value);
-        break;
-      case DType::kBFloat16:
-        reinterpret_cast<uint16_t*>(bytes.data())[i] = detail::double_to_bfloat16(value);
-        break;
-    }
-  }
+  double get(int64_t i) const { return detail::load_as_double(bytes.data(), i, dtype); }
+  void set(int64_t i, double value) { detail::store_from_double(bytes.data(), i, dtype, value); }
   // All bytes 0xff: a NaN in every floating-point format, so unwritten elements are caught.
   void poison() { std::memset(bytes.data(), 0xff, bytes.size()); }
 };
@@ -151,10 +130,14 @@ struct Tolerance {
 
 inline Tolerance tolerance_for(DType dtype) {
   switch (dtype) {
-    case DType::kFloat64: return {1e-12, 1e-12};
-    case DType::kFloat32: return {1e-5, 1e-5};
-    case DType::kFloat16: return {std::ldexp(1.0, -10), 1e-4};
-    case DType::kBFloat16: return {std::ldexp(1.0, -7), 1e-4};
+    case DType::kFloat64:
+      return {1e-12, 1e-12};
+    case DType::kFloat32:
+      return {1e-5, 1e-5};
+    case DType::kFloat16:
+      return {std::ldexp(1.0, -10), 1e-4};
+    case DType::kBFloat16:
+      return {std::ldexp(1.0, -7), 1e-4};
   }
   return {0, 0};
 }
@@ -186,8 +169,8 @@ inline ::testing::AssertionResult all_close(const HostTensor& out, const HostTen
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << ref.size()
-                                       << " elements out of tolerance; first " << first;
+  return ::testing::AssertionFailure()
+         << bad << " of " << ref.size() << " elements out of tolerance; first " << first;
 }
 
 // A device copy of a host tensor.
@@ -204,7 +187,8 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void* get() const { return ptr_; }
   void upload(const HostTensor& t) {
-    if (bytes_ > 0) EXPECT_EQ(cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    if (bytes_ > 0)
+      EXPECT_EQ(cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
   }
   void download(void* dst) const {
     if (bytes_ > 0) EXPECT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
