@@ -94,16 +94,7 @@ double worst_gradient_error(BackwardProblem& pb, HostTensor& input, const HostTe
   return worst;
 }
 
-struct FdCase {
-  const char* name;
-  Shape shape;
-  bool causal;
-  int64_t kv_stride;
-  bool seq_major;
-  double scale;
-};
-
-const FdCase kFdCases[] = {
+const Scenario kFiniteDifferenceCases[] = {
     {"dense", {1, 2, 2, 5, 7, 3, 4}, false, 1, false, 0},
     {"causal", {1, 2, 2, 6, 6, 4, 4}, true, 1, false, 0},
     {"causal_sq_gt_sk", {1, 1, 1, 7, 4, 3, 3}, true, 1, false, 0},
@@ -112,10 +103,10 @@ const FdCase kFdCases[] = {
     {"mqa_kv_stride3_scale", {1, 3, 1, 4, 8, 2, 3}, false, 3, false, 0.7},
 };
 
-class ReferenceBackward : public ::testing::TestWithParam<FdCase> {};
+class ReferenceBackward : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
-  const FdCase& c = GetParam();
+  const Scenario& c = GetParam();
   BackwardProblem pb(c.shape, DType::kFloat64, c.causal, c.kv_stride, c.seq_major, 7, c.scale);
   reference_attention_backward(pb.params);
   // Central differences with step 1e-5 on O(1) data: truncation ~1e-10, roundoff ~1e-11.
@@ -124,7 +115,7 @@ TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
   EXPECT_LT(worst_gradient_error(pb, pb.fwd.v, pb.dv), 1e-7);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fp64, ReferenceBackward, ::testing::ValuesIn(kFdCases),
+INSTANTIATE_TEST_SUITE_P(Fp64, ReferenceBackward, ::testing::ValuesIn(kFiniteDifferenceCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Since each row of P sums to 1, sum_j dS_ij = 0: dk summed over a key head's rows is zero, and
@@ -264,15 +255,6 @@ TEST(BackwardWorkspace, BytesFollowTheShapes) {
 // ---------------------------------------------------------------------------------------------
 // The SIMT backward against the reference (GPU only).
 
-struct Scenario {
-  const char* name;
-  Shape shape;
-  bool causal = false;
-  int64_t kv_stride = 1;
-  bool seq_major = false;
-  double scale = 0;  // 0: default 1/sqrt(head_dim)
-};
-
 const Scenario kScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
     {"causal", {2, 2, 2, 129, 129, 64, 64}, true},
@@ -359,8 +341,7 @@ TEST_P(BackwardGpu, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const Scenario& sc = GetParam().scenario;
   const DType dtype = GetParam().dtype;
-  BackwardProblem pb(sc.shape, dtype, sc.causal, sc.kv_stride, sc.seq_major,
-                     std::hash<std::string>{}(sc.name), sc.scale);
+  BackwardProblem pb(sc.shape, dtype, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(), sc.scale);
   DeviceBackward dev(pb);  // gradients still hold the poison pattern
   reference_attention_backward(pb.params);
 
@@ -374,9 +355,9 @@ TEST_P(BackwardGpu, MatchesReference) {
   // of both sides, so the forward's own rule applies (test_support.h's tolerance_for).
   // The terms each gradient sums: dV of P * dO, dQ and dK of scale * P * (dO.V - D) * K (or
   // Q). Their size, not the gradient's own (zero when a row sees one key), sets the error scale.
-  const double scale = std::fabs(pb.params.forward.softmax_scale
-                                     ? *pb.params.forward.softmax_scale
-                                     : default_softmax_scale(sc.shape.head_dim));
+  const double scale =
+      std::fabs(pb.params.forward.softmax_scale ? *pb.params.forward.softmax_scale
+                                                : default_softmax_scale(sc.shape.head_dim));
   const double dp = max_abs(pb.dout) * max_abs(pb.fwd.v);
   EXPECT_TRUE(all_close(dq, pb.dq, dtype, scale * dp * max_abs(pb.fwd.k))) << "dq";
   EXPECT_TRUE(all_close(dk, pb.dk, dtype, scale * dp * max_abs(pb.fwd.q))) << "dk";

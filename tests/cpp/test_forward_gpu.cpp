@@ -9,16 +9,6 @@
 namespace samattn::testing {
 namespace {
 
-struct Scenario {
-  const char* name;
-  Shape shape;
-  bool causal = false;
-  int64_t kv_stride = 1;
-  bool seq_major = false;
-  bool with_lse = true;
-  double scale = 0;  // 0: default 1/sqrt(head_dim)
-};
-
 const Scenario kScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
     {"causal", {2, 2, 2, 129, 129, 64, 64}, true},
@@ -35,7 +25,7 @@ const Scenario kScenarios[] = {
     {"head_dim_1", {1, 1, 1, 5, 6, 1, 1}},
     {"single_query", {3, 2, 2, 1, 1000, 96, 96}},
     {"single_key", {1, 2, 2, 20, 1, 16, 16}},
-    {"long_keys", {1, 1, 1, 64, 1000, 128, 128}, false, 1, false, true, 0.3},
+    {"long_keys", {1, 1, 1, 64, 1000, 128, 128}, false, 1, false, 0.3},
     {"no_keys", {1, 2, 2, 10, 0, 16, 16}},
 };
 
@@ -62,11 +52,9 @@ TEST_P(ForwardGpu, MatchesReference) {
   SKIP_WITHOUT_GPU();
   const Scenario& sc = GetParam().scenario;
   const DType dtype = GetParam().dtype;
-  Problem pb(sc.shape, dtype, sc.seq_major, /*seed=*/std::hash<std::string>{}(sc.name));
-  pb.params.causal = sc.causal;
-  pb.params.kv_stride = sc.kv_stride;
-  if (sc.scale != 0) pb.params.softmax_scale = sc.scale;
-  const HostTensor expected = pb.reference(sc.with_lse);
+  Problem pb(sc.shape, dtype, sc.seq_major, sc.seed());
+  sc.apply_options(pb.params);
+  const HostTensor expected = pb.reference(/*with_lse=*/true);
 
   DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);  // out holds the poison pattern
   const int64_t rows = sc.shape.batch * sc.shape.heads_q * sc.shape.seqlen_q;
@@ -78,7 +66,7 @@ TEST_P(ForwardGpu, MatchesReference) {
   p.k = k.get();
   p.v = v.get();
   p.out = out.get();
-  p.lse = sc.with_lse ? lse.get() : nullptr;
+  p.lse = lse.get();
   p.backend = Backend::kSimt;
   attention_forward(p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -87,30 +75,29 @@ TEST_P(ForwardGpu, MatchesReference) {
   out.download(got.data());
   EXPECT_TRUE(all_close(got, expected, dtype));
 
-  if (sc.with_lse) {
-    std::vector<double> lse_got(rows);
-    if (dtype == DType::kFloat64) {
-      lse.download(lse_got.data());
+  std::vector<double> lse_got(rows);
+  if (dtype == DType::kFloat64) {
+    lse.download(lse_got.data());
+  } else {
+    std::vector<float> lse32(rows);
+    lse.download(lse32.data());
+    lse_got.assign(lse32.begin(), lse32.end());
+  }
+  const double lse_tol = dtype == DType::kFloat64 ? 1e-12 : 1e-5;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (std::isinf(pb.lse[i])) {
+      EXPECT_EQ(lse_got[i], pb.lse[i]) << "row " << i;
     } else {
-      std::vector<float> lse32(rows);
-      lse.download(lse32.data());
-      lse_got.assign(lse32.begin(), lse32.end());
-    }
-    const double lse_tol = dtype == DType::kFloat64 ? 1e-12 : 1e-5;
-    for (int64_t i = 0; i < rows; ++i) {
-      if (std::isinf(pb.lse[i])) {
-        EXPECT_EQ(lse_got[i], pb.lse[i]) << "row " << i;
-      } else {
-        EXPECT_NEAR(lse_got[i], pb.lse[i], lse_tol * (1 + std::fabs(pb.lse[i]))) << "row " << i;
-      }
+      EXPECT_NEAR(lse_got[i], pb.lse[i], lse_tol * (1 + std::fabs(pb.lse[i]))) << "row " << i;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, ForwardGpu, ::testing::ValuesIn(all_cases()), [](const auto& info) {
-      return std::string(dtype_name(info.param.dtype)) + "_" + info.param.scenario.name;
-    });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, ForwardGpu, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) + "_" +
+                                  info.param.scenario.name;
+                         });
 
 TEST(ForwardGpuRuns, RerunsAreBitIdentical) {
   SKIP_WITHOUT_GPU();

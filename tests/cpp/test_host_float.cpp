@@ -14,8 +14,8 @@ TEST(HostFloat, Float16KnownValues) {
   EXPECT_EQ(double_to_float16(65504.0), 0x7bff);
   EXPECT_EQ(double_to_float16(65520.0), 0x7c00);  // rounds up to infinity
   EXPECT_EQ(double_to_float16(std::ldexp(1.0, -24)), 0x0001);
-  EXPECT_EQ(double_to_float16(std::ldexp(1.0, -25)), 0x0000);       // tie to even (zero)
-  EXPECT_EQ(double_to_float16(std::ldexp(3.0, -25)), 0x0002);       // tie to even (two)
+  EXPECT_EQ(double_to_float16(std::ldexp(1.0, -25)), 0x0000);        // tie to even (zero)
+  EXPECT_EQ(double_to_float16(std::ldexp(3.0, -25)), 0x0002);        // tie to even (two)
   EXPECT_EQ(double_to_float16(1.0 + std::ldexp(1.0, -11)), 0x3c00);  // tie to even
   EXPECT_EQ(double_to_float16(1.0 + std::ldexp(3.0, -11)), 0x3c02);  // tie to even
   EXPECT_TRUE(std::isnan(float16_to_double(double_to_float16(NAN))));

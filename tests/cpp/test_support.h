@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,6 +54,24 @@ inline void fill_random(HostTensor& t, uint64_t seed) {
 struct Shape {
   int64_t batch = 2, heads_q = 2, heads_kv = 2, seqlen_q = 33, seqlen_k = 47;
   int64_t head_dim = 32, head_dim_v = 32;
+};
+
+// One test configuration: a shape and the forward options.
+struct Scenario {
+  std::string name;
+  Shape shape;
+  bool causal = false;
+  int64_t kv_stride = 1;
+  bool seq_major = false;
+  double scale = 0;  // 0: default 1/sqrt(head_dim)
+
+  uint64_t seed() const { return std::hash<std::string>{}(name); }
+
+  void apply_options(AttentionParams& p) const {
+    p.causal = causal;
+    p.kv_stride = kv_stride;
+    if (scale != 0) p.softmax_scale = scale;
+  }
 };
 
 // A problem whose tensors live in host memory. `seq_major` stores (B, S, H, D) and views it as

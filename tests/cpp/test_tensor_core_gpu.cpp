@@ -137,15 +137,6 @@ double unit_roundoff(DType dtype) {
          << "max error " << err << " exceeds 2 * " << emulated_err << " + atol = " << bound;
 }
 
-struct Scenario {
-  std::string name;
-  Shape shape;
-  bool causal = false;
-  int64_t kv_stride = 1;
-  bool seq_major = false;
-  double scale = 0;  // 0: default 1/sqrt(head_dim)
-};
-
 std::vector<Scenario> scenarios() {
   std::vector<Scenario> list;
   for (int64_t d : {32, 64, 96, 128, 192, 256}) {
@@ -220,10 +211,8 @@ TEST_P(TensorCoreGpu, MatchesReference) {
   SKIP_WITHOUT_TENSOR_CORES();
   const Scenario& sc = GetParam().scenario;
   const DType dtype = GetParam().dtype;
-  Problem pb(sc.shape, dtype, sc.seq_major, /*seed=*/std::hash<std::string>{}(sc.name));
-  pb.params.causal = sc.causal;
-  pb.params.kv_stride = sc.kv_stride;
-  if (sc.scale != 0) pb.params.softmax_scale = sc.scale;
+  Problem pb(sc.shape, dtype, sc.seq_major, sc.seed());
+  sc.apply_options(pb.params);
   pb.params.allow_tf32 = true;  // float32 runs in TF32
   const HostTensor expected = pb.reference(/*with_lse=*/true);
   const Emulated emulated = low_precision_reference(pb);
