@@ -1,5 +1,4 @@
 // attention_forward: validate, derive the kernel parameters once, pick a backend, launch.
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 

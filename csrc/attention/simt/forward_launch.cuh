@@ -1,8 +1,6 @@
 // Internal: the body of launch_forward, included only by the generated instantiation files.
 #pragma once
 
-#include <limits>
-
 #include "attention/simt/forward_kernel.cuh"
 #include "attention/simt/forward_kernel_resident.cuh"
 #include "attention/simt/forward_launch.h"

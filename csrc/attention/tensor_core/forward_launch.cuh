@@ -1,8 +1,6 @@
 // Internal: the body of launch_forward, included only by the generated instantiation files.
 #pragma once
 
-#include <limits>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
