@@ -47,3 +47,96 @@ class StridedAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, stride={self.stride}"
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head attention with query, key, value and output projections, on samattn's fused
+    kernels. Batch-first: inputs (batch, seq_len, embed_dim), output (batch, seq_len, embed_dim).
+
+    num_kv_heads: grouped-query attention (GQA/MQA). Key and value get num_kv_heads heads, each
+    shared by num_heads // num_kv_heads query heads; the kernel reads the shared heads directly
+    (no repeat). Default num_heads (standard multi-head attention).
+    causal: query i sees keys j <= i (top-left aligned); can be overridden per call.
+    kv_stride: strided attention (seed 000): query i sees keys j with j % kv_stride == 0.
+    kdim, vdim: feature sizes of key and value inputs for cross-attention (default embed_dim).
+
+    forward(query, key=None, value=None, *, causal=None): self-attention when key and value are
+    omitted. With num_kv_heads == num_heads and kv_stride == 1 this computes what
+    torch.nn.MultiheadAttention(batch_first=True) computes (without dropout or masks), and
+    load_from_torch copies such a module's weights.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 bias: bool = True, causal: bool = False, kv_stride: int = 1,
+                 kdim: int | None = None, vdim: int | None = None, device=None, dtype=None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or embed_dim % num_heads != 0:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be a positive "
+                             f"multiple of num_heads ({num_heads})")
+        if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+            raise ValueError(f"MultiheadAttention: num_heads ({num_heads}) must be a multiple of "
+                             f"num_kv_heads ({num_kv_heads})")
+        if kv_stride < 1:
+            raise ValueError(f"MultiheadAttention: kv_stride must be >= 1, got {kv_stride}")
+        factory = {"device": device, "dtype": dtype}
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.causal = causal
+        self.kv_stride = kv_stride
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(kdim or embed_dim, kv_width, bias=bias, **factory)
+        self.v_proj = nn.Linear(vdim or embed_dim, kv_width, bias=bias, **factory)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+
+    @staticmethod
+    def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+        # (B, S, H*D) -> a (B, H, S, D) view: the kernels take any strides, so nothing is copied.
+        batch, seq_len, width = x.shape
+        return x.view(batch, seq_len, heads, width // heads).transpose(1, 2)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
+                value: torch.Tensor | None = None, *, causal: bool | None = None) -> torch.Tensor:
+        if query.dim() != 3:
+            raise ValueError(f"MultiheadAttention: query must be (batch, seq_len, embed_dim), "
+                             f"got shape {tuple(query.shape)}")
+        key = query if key is None else key
+        value = key if value is None else value
+        batch, seq_len, _ = query.shape
+        q = self._split_heads(self.q_proj(query), self.num_heads)
+        k = self._split_heads(self.k_proj(key), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(value), self.num_kv_heads)
+        out = attention(q, k, v, causal=self.causal if causal is None else causal,
+                        kv_stride=self.kv_stride)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, seq_len, self.embed_dim))
+
+    @torch.no_grad()
+    def load_from_torch(self, module: nn.MultiheadAttention) -> "MultiheadAttention":
+        """Copies the projections of a torch.nn.MultiheadAttention with the same embed_dim and
+        num_heads (and num_kv_heads == num_heads). Returns self."""
+        if (module.embed_dim != self.embed_dim or module.num_heads != self.num_heads
+                or self.num_kv_heads != self.num_heads):
+            raise ValueError("MultiheadAttention.load_from_torch: needs the same embed_dim and "
+                             "num_heads, and num_kv_heads == num_heads")
+        if module.in_proj_weight is None:
+            raise ValueError("MultiheadAttention.load_from_torch: modules with separate kdim/vdim "
+                             "projections are not supported")
+        for proj, weight in zip((self.q_proj, self.k_proj, self.v_proj),
+                                module.in_proj_weight.chunk(3)):
+            proj.weight.copy_(weight)
+        if module.in_proj_bias is not None and self.q_proj.bias is not None:
+            for proj, bias in zip((self.q_proj, self.k_proj, self.v_proj),
+                                  module.in_proj_bias.chunk(3)):
+                proj.bias.copy_(bias)
+        self.out_proj.weight.copy_(module.out_proj.weight)
+        if module.out_proj.bias is not None and self.out_proj.bias is not None:
+            self.out_proj.bias.copy_(module.out_proj.bias)
+        return self
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, causal={self.causal}, "
+                f"kv_stride={self.kv_stride}")

@@ -1,0 +1,1 @@
+"""Optional integrations with other libraries (imported on demand, never by `import samattn`)."""

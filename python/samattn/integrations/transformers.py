@@ -1,0 +1,57 @@
+"""Hugging Face transformers plug-in: `attn_implementation="samattn"`.
+
+    import samattn.integrations.transformers as samattn_hf
+    samattn_hf.register()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="samattn")
+
+The attention function receives (batch, heads, seq_len, head_dim) query/key/value from the model
+and returns (batch, seq_len, heads, head_dim), like transformers' "sdpa" implementation. The mask
+builder is transformers' SDPA one: a causal batch without padding arrives as `attention_mask=None`
+and runs samattn's causal kernel; grouped-query attention runs natively (no repeat of K/V). A
+batch with padding (or any other explicit mask) passes its boolean mask to
+samattn.scaled_dot_product_attention(attn_mask=...).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from samattn.functional import attention, scaled_dot_product_attention
+
+NAME = "samattn"
+
+
+def samattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                              dropout: float = 0.0, scaling: Optional[float] = None,
+                              is_causal: Optional[bool] = None,
+                              **kwargs) -> Tuple[torch.Tensor, None]:
+    if dropout != 0.0:
+        raise NotImplementedError(f"samattn attention: dropout must be 0.0, got {dropout} "
+                                  "(set the model's attention_dropout to 0)")
+    if kwargs.get("position_bias") is not None:
+        raise NotImplementedError("samattn attention: position_bias is not supported")
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        # A single decoding query sees the whole cache; a prefill sees its own prefix. With an
+        # empty static cache the keys beyond q_len are unused, as in transformers' sdpa path.
+        causal = bool(is_causal) and q_len > 1
+        if causal and kv_len > q_len:
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+        out = attention(query, key, value, causal=causal, scale=scaling)
+    else:
+        out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                           scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> None:
+    """Registers samattn as `attn_implementation=name` (default "samattn") in transformers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, samattn_attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
