@@ -1,7 +1,6 @@
 """The CUDA forward against samattn's fp64 reference: fresh random inputs, outputs poisoned
 before the run, every element checked. Skipped without a GPU."""
 
-import os
 
 import pytest
 import torch

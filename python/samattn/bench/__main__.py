@@ -45,9 +45,11 @@ def main(argv=None) -> int:
             continue
         if name not in SUITES:
             parser.error(f"unknown suite {name!r}")
-        configs, method_names = SUITES[name](args.quick)
-        selected = [methods[m] for m in method_names if chosen is None or m in chosen]
-        total = len(configs) * len(selected)
+        groups = SUITES[name](args.quick)
+        groups = groups if isinstance(groups, list) else [groups]
+        groups = [(configs, [methods[m] for m in names_ if chosen is None or m in chosen])
+                  for configs, names_ in groups]
+        total = sum(len(configs) * len(selected) for configs, selected in groups)
         done = 0
         started = time.time()
 
@@ -59,12 +61,13 @@ def main(argv=None) -> int:
             print(f"[{bar:<30}] {done}/{total} {time.time() - started:5.0f}s  {cfg.label()}  "
                   f"{row['method']}: {status}", flush=True)
 
-        for cfg in configs:
-            suite_rows = run_config(cfg, selected, quick=args.quick, latency=name == "small",
-                                    progress=progress)
-            for row in suite_rows:
-                row["suite"] = name
-            rows += suite_rows
+        for configs, selected in groups:
+            for cfg in configs:
+                suite_rows = run_config(cfg, selected, quick=args.quick,
+                                        latency=name == "small", progress=progress)
+                for row in suite_rows:
+                    row["suite"] = name
+                rows += suite_rows
     speedups(rows)
     report.print_table(rows)
     paths = report.write(rows, env, args.out, "_".join(names))

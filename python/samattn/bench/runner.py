@@ -48,6 +48,33 @@ def reference_output(cfg: AttentionConfig, q, k, v, chunk_rows: int = 2048) -> t
     return out
 
 
+def reference_gradients(cfg: AttentionConfig, q, k, v, dout):
+    """fp64 gradients of the first batch element's first key/value head and its query heads
+    (an exact sub-problem: heads and batch elements do not interact), by autograd of the
+    formula on the GPU. Returns (slices, (dq, dk, dv))."""
+    group = cfg.heads // cfg.kv_heads
+    slices = (slice(0, 1), slice(0, group)), (slice(0, 1), slice(0, 1)), \
+        (slice(0, 1), slice(0, 1))
+    q64, k64, v64 = (t.detach()[s].double().requires_grad_() for t, s in
+                     zip((q, k, v), slices))
+    kk, vv = k64[:, :, ::cfg.kv_stride], v64[:, :, ::cfg.kv_stride]
+    kk, vv = kk.expand(1, group, *kk.shape[2:]), vv.expand(1, group, *vv.shape[2:])
+    scores = (q64 @ kk.transpose(-1, -2)) * (1.0 / math.sqrt(cfg.head_dim))
+    if cfg.causal:
+        positions = torch.arange(kk.shape[2], device=q.device) * cfg.kv_stride
+        query = torch.arange(cfg.seqlen, device=q.device)
+        scores = scores.masked_fill(positions[None, :] > query[:, None], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ vv
+    grads = torch.autograd.grad(out, (q64, k64, v64), dout.detach()[slices[0]].double())
+    return slices, grads
+
+
+def gradient_error(grads, reference) -> float:
+    """The largest relative L2 error of the method's dq, dk, dv on the reference's slices."""
+    slices, expected = reference
+    return max(relative_error(g.detach()[s], e) for g, s, e in zip(grads, slices, expected))
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     diff = (out.double() - ref).norm().item()
     return diff / max(ref.norm().item(), 1e-300)
@@ -88,12 +115,22 @@ def _run_method(cfg: AttentionConfig, method: Method, sets, reference, quick, la
     error = relative_error(out.detach(), reference)
     if not math.isfinite(error) or error > _MAX_REL_ERROR[cfg.dtype]:
         return {"status": "wrong", "rel_error": error}
+    result = {"rel_error": error}
     if cfg.direction == "fwd":
         calls = [lambda s=s: method.forward(cfg, s) for s in sets]
         memory_call = calls[0]
     else:
         if out.grad_fn is None:
             return {"status": "n/a (no backward)", "rel_error": error}
+        # The gradients are checked once too, against fp64 autograd of the formula.
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype,
+                           generator=torch.Generator(device="cuda").manual_seed(99))
+        grads = torch.autograd.grad(out, sets[0], dout)
+        grad_error = gradient_error(grads, reference_gradients(cfg, *sets[0], dout))
+        result["grad_rel_error"] = grad_error
+        del grads
+        if not math.isfinite(grad_error) or grad_error > _MAX_REL_ERROR[cfg.dtype]:
+            return {**result, "status": "wrong (gradients)"}
         calls = []
         for s in sets:
             o = method.forward(cfg, s)
@@ -103,8 +140,8 @@ def _run_method(cfg: AttentionConfig, method: Method, sets, reference, quick, la
     if latency:
         timing = host_latency(calls[0])
     else:
-        timing = measure(calls, budget_ms=100.0 if quick else 400.0)
-    return {"status": "ok", "rel_error": error, "ms": timing.median_ms, "min_ms": timing.min_ms,
+        timing = measure(calls, budget_ms=100.0 if quick else 200.0)
+    return {**result, "status": "ok", "ms": timing.median_ms, "min_ms": timing.min_ms,
             "max_ms": timing.max_ms, "reps": timing.reps,
             "tflops": cfg.flops() / (timing.median_ms * 1e-3) / 1e12,
             "peak_mem_mb": peak_memory_bytes(memory_call) / 2**20}
