@@ -196,7 +196,9 @@ inline ::testing::AssertionResult all_close(const HostTensor& out, const HostTen
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0) EXPECT_EQ(cudaMalloc(&ptr_, bytes_), cudaSuccess);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr_, bytes_), cudaSuccess);
+    }
   }
   explicit DeviceBuffer(const HostTensor& t) : DeviceBuffer(t.bytes.size()) { upload(t); }
   ~DeviceBuffer() {
@@ -206,11 +208,14 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void* get() const { return ptr_; }
   void upload(const HostTensor& t) {
-    if (bytes_ > 0)
+    if (bytes_ > 0) {
       EXPECT_EQ(cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   void download(void* dst) const {
-    if (bytes_ > 0) EXPECT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
   }
 
  private:

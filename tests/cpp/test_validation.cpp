@@ -2,6 +2,7 @@
 #include <functional>
 #include <string>
 
+#include "attention/tensor_core/forward_launch.h"
 #include "test_support.h"
 
 namespace samattn::testing {
@@ -89,6 +90,32 @@ TEST(ValidationEdges, EmptyProblemsNeedNoPointers) {
   p.out = out;
   p.q = out;
   EXPECT_TRUE(can_implement(p).ok());  // no keys: k and v are never read
+}
+
+// Devices the test machine may not be: the tensor-core path declines (and a forced call raises
+// this message) when the device lacks the compute capability or the shared memory.
+TEST(ValidationEdges, TensorCorePathNamesWhatTheDeviceLacks) {
+  AttentionParams p = valid_params();
+  p.dtype = DType::kBFloat16;
+  p.head_dim = p.head_dim_v = 256;
+  alignas(16) static unsigned char storage[64];
+  p.q = p.k = p.v = storage;
+  p.out = storage;
+  p.q_strides = p.out_strides = {4 * 3 * 256, 3 * 256, 256};
+  p.k_strides = p.v_strides = {2 * 5 * 256, 5 * 256, 256};
+  const detail::DeviceInfo small_smem{0, 8, 6, 48 * 1024, 10};
+  const Status smem = tensor_core::supports(p, small_smem);
+  ASSERT_FALSE(smem.ok());
+  EXPECT_NE(smem.message().find("head_dim 256 on this device: it needs"), std::string::npos)
+      << smem.message();
+  EXPECT_NE(smem.message().find("the device allows 49152"), std::string::npos) << smem.message();
+  const detail::DeviceInfo turing{0, 7, 5, 64 * 1024, 40};
+  const Status arch = tensor_core::supports(p, turing);
+  ASSERT_FALSE(arch.ok());
+  EXPECT_NE(arch.message().find("compute capability 7.5 (needs 8.0 or newer)"), std::string::npos)
+      << arch.message();
+  const detail::DeviceInfo hopper{0, 9, 0, 227 * 1024, 132};
+  EXPECT_TRUE(tensor_core::supports(p, hopper).ok()) << tensor_core::supports(p, hopper).message();
 }
 
 TEST(ValidationEdges, DefaultScaleIsInverseSqrtHeadDim) {

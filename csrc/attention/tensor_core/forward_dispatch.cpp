@@ -46,7 +46,9 @@ Status unsupported(const std::string& why) {
 
 }  // namespace
 
-Status supports(const AttentionParams& p) {
+Status supports(const AttentionParams& p) { return supports(p, detail::current_device_info()); }
+
+Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
   if (p.dtype == DType::kFloat32 && !p.allow_tf32) {
     return unsupported("dtype float32 without allow_tf32 (it would round the inputs to TF32)");
   }
@@ -62,7 +64,6 @@ Status supports(const AttentionParams& p) {
     return unsupported(
         detail::concat("head_dim ", p.head_dim, " (supported: ", supported_head_dims(), ")"));
   }
-  const detail::DeviceInfo& device = detail::current_device_info();
   if (device.major < 8) {
     return unsupported(detail::concat("compute capability ", device.major, ".", device.minor,
                                       " (needs 8.0 or newer)"));

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention/kernel_params.h"
+#include "common/device.h"
 #include "samattn/attention.h"
 #include "samattn/types.h"
 
@@ -18,6 +19,8 @@ void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stre
 // otherwise the message says why ("backend tensor_core does not support ..."). Checks the
 // dtype, head dims, compute capability (8.0+), shared memory and 16-byte alignment.
 Status supports(const AttentionParams& params);
+// The same question for a given device (tests ask it for devices they do not have).
+Status supports(const AttentionParams& params, const detail::DeviceInfo& device);
 
 // Picks the instantiation for (dtype, head dim) and launches it. The caller has checked
 // supports().
