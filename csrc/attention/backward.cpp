@@ -7,8 +7,8 @@
 #include "attention/backward_kernel_params.h"
 #include "attention/simt/backward_launch.h"
 #include "attention/tensor_core/backward_launch.h"
-#include "common/check.h"
 #include "attention/validate.h"
+#include "common/check.h"
 #include "samattn/attention.h"
 
 namespace samattn {
@@ -42,8 +42,8 @@ size_t delta_bytes(const AttentionParams& p) {
 size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
   if (!wants_dq_accumulator(bp)) return 0;
   const AttentionParams& p = bp.forward;
-  return round_up(static_cast<size_t>(detail::output_rows(p)) *
-                  static_cast<size_t>(p.head_dim) * sizeof(float));
+  return round_up(static_cast<size_t>(detail::output_rows(p)) * static_cast<size_t>(p.head_dim) *
+                  sizeof(float));
 }
 
 // kSimt or SAMATTN_FORCE_SIMT=1: SIMT. kTensorCore: the tensor-core backward or an error saying

@@ -67,10 +67,9 @@ Status backward_supports(const AttentionBackwardParams& bp) {
   const detail::DeviceInfo& device = detail::current_device_info();
   const int smem = backward_smem_bytes(p.head_dim);
   if (smem > device.max_smem_optin) {
-    return unsupported(detail::concat("the backward with head_dim ", p.head_dim,
-                                      " on this device: it needs ", smem,
-                                      " bytes of shared memory per block, the device allows ",
-                                      device.max_smem_optin));
+    return unsupported(detail::concat(
+        "the backward with head_dim ", p.head_dim, " on this device: it needs ", smem,
+        " bytes of shared memory per block, the device allows ", device.max_smem_optin));
   }
   const int bytes = dtype_size(p.dtype);
   const int64_t keys = p.seqlen_k;  // dk/dv rows are written at every physical row
@@ -79,8 +78,7 @@ Status backward_supports(const AttentionBackwardParams& bp) {
                    p.seqlen_q, bytes),
       misalignment("dq", bp.dq, bp.dq_strides, bp.dq_strides.seq, p.batch, p.heads_q, p.seqlen_q,
                    bytes),
-      misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq, p.batch, p.heads_kv, keys,
-                   bytes),
+      misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq, p.batch, p.heads_kv, keys, bytes),
       misalignment("dv", bp.dv, bp.dv_strides, bp.dv_strides.seq, p.batch, p.heads_kv, keys,
                    bytes)};
   for (const std::string& why : misaligned) {

@@ -27,6 +27,13 @@ namespace samattn::tensor_core {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+// 4-byte global -> shared copy (through L1); with `valid` false the destination is zero-filled.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
 // Shared-memory carve-up of both kernels (BackwardConfig): four 64-row tiles, dS, lse, D.
 template <typename Element, int kHeadDim>
 struct BackwardSmem {
@@ -36,7 +43,7 @@ struct BackwardSmem {
   Element* q;
   Element* dout;
   Element* ds;  // (kBlockN keys, kDsStride): dS^T of the step, 16-bit
-  float* lse;   // lse * log2(e) of the step's query rows; +inf for padding rows (P = 0)
+  float* lse;   // lse and D of the step's query rows, 0 past seqlen_q
   float* delta;
 
   __device__ __forceinline__ explicit BackwardSmem(unsigned char* bytes) {
@@ -62,8 +69,8 @@ __device__ __forceinline__ void zero(float (&acc)[1][kTiles][4]) {
 // Stages a warp's 16 accumulator rows (times `scale`) in rows [0, 16) of `staged` and stores the
 // first valid_rows of them to dst (row pitch dst_row_stride) as 16-byte vectors.
 template <typename Element, int kHeadDim, int kStride>
-__device__ __forceinline__ void store_warp_tile(const float (&acc)[1][kHeadDim / 8][4],
-                                                float scale, Element* staged, Element* dst,
+__device__ __forceinline__ void store_warp_tile(const float (&acc)[1][kHeadDim / 8][4], float scale,
+                                                Element* staged, Element* dst,
                                                 int64_t dst_row_stride, int valid_rows, int lane) {
 #pragma unroll
   for (int t = 0; t < kHeadDim / 8; ++t) {
@@ -90,8 +97,8 @@ __device__ __forceinline__ void accumulate_dq(const BackwardSmem<Element, kHeadD
   static_assert(Cfg::kDTiles % kChunk == 0, "head dim is a multiple of 32");
   // A = dS (queries x keys) read transposed from the [key][query] tile: matrices (keys 0-7 |
   // 8-15) x (queries 0-7 | 8-15) in the order a0 (q 0-7, k 0-7), a1 (q 8-15, k 0-7), a2, a3.
-  const uint32_t ds_lane = shared_address(
-      smem.ds + k_lane_offset<Element, Cfg::kDsStride>(lane) + 16 * warp);
+  const uint32_t ds_lane =
+      shared_address(smem.ds + k_lane_offset<Element, Cfg::kDsStride>(lane) + 16 * warp);
   uint32_t a[kKeySteps][4];
 #pragma unroll
   for (int kk = 0; kk < kKeySteps; ++kk) {
@@ -202,27 +209,45 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
   const float* delta_all = static_cast<const float*>(p.delta);
   float* dq_accum = static_cast<float*>(p.dq_accum);
 
-  for (int64_t head = 0; head < f.group_size; ++head) {
-    const int64_t h = h_kv * f.group_size + head;
-    const int64_t row_base = (b * f.heads_q + h) * f.seqlen_q;  // of lse, D and dq_accum
-    const Element* q_head =
-        static_cast<const Element*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
-    const Element* do_head =
-        static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride;
-    for (int64_t m_block = m_first; m_block < m_blocks; ++m_block) {
-      const int64_t m_begin = m_block * kBlockM;
+  // The steps: every query block (from m_first) of every query head of the group.
+  const int64_t steps_per_head = m_blocks - m_first;
+  const int64_t steps = f.group_size * steps_per_head;
+  const auto step_head = [&](int64_t step) { return h_kv * f.group_size + step / steps_per_head; };
+  const auto step_begin = [&](int64_t step) { return (m_first + step % steps_per_head) * kBlockM; };
+  // Starts the copies of a step's Q, dO, lse and D. Rows past seqlen_q are zero-filled: with
+  // dO = 0 and D = 0 their P (exp2(0) = 1 for lse 0) adds nothing to dV, and dS = P * (0 - 0).
+  const auto load_step = [&](int64_t step) {
+    const int64_t h = step_head(step);
+    const int64_t m_begin = step_begin(step);
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
+    load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
+        smem.q,
+        static_cast<const Element*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride +
+            m_begin * f.q_row_stride,
+        f.q_row_stride, rows);
+    load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
+        smem.dout,
+        static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+            m_begin * p.do_row_stride,
+        p.do_row_stride, rows);
+    if (thread < kBlockM) {
+      const bool real = thread < rows;
+      const int64_t row = (b * f.heads_q + h) * f.seqlen_q + m_begin + thread;
+      cp_async_4(shared_address(smem.lse + thread), real ? lse_all + row : lse_all, real);
+      cp_async_4(shared_address(smem.delta + thread), real ? delta_all + row : delta_all, real);
+    }
+    cp_async_commit();
+  };
+  if (steps > 0) load_step(0);
+
+  for (int64_t step = 0; step < steps; ++step) {
+    {
+      const int64_t h = step_head(step);
+      const int64_t m_begin = step_begin(step);
       const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
-      __syncthreads();  // every warp is done with the previous step's Q, dO, dS, lse and D
-      load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
-          smem.q, q_head + m_begin * f.q_row_stride, f.q_row_stride, rows);
-      load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
-          smem.dout, do_head + m_begin * p.do_row_stride, p.do_row_stride, rows);
-      cp_async_commit();
-      if (thread < kBlockM) {
-        const bool real = thread < rows;
-        smem.lse[thread] = real ? lse_all[row_base + m_begin + thread] * kLog2e : INFINITY;
-        smem.delta[thread] = real ? delta_all[row_base + m_begin + thread] : 0.f;
-      }
+      const int64_t row_base = (b * f.heads_q + h) * f.seqlen_q;  // of lse, D and dq_accum
+      // This step's tiles (and K, V) have landed for every thread, and every warp is done with
+      // the previous step's dS.
       cp_async_wait<0>();
       __syncthreads();
 
@@ -234,8 +259,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t first = lane_key[half] >= f.kept_keys ? kBlockM
-                              : f.causal ? lane_key[half] * f.kv_stride - m_begin
-                                         : 0;
+                              : f.causal                    ? lane_key[half] * f.kv_stride - m_begin
+                                                            : 0;
         first_visible[half] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
       }
       // The step's queries in sub-blocks of kSubQueries columns: at head dim 128 the S^T and
@@ -249,9 +274,10 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
         for (int t = 0; t < kSubTiles; ++t) {
           const int col = sub + t * 8 + col0;
           const float2 lse = *reinterpret_cast<const float2*>(smem.lse + col);
+          const float lse_log2[2] = {lse.x * kLog2e, lse.y * kLog2e};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float x = pt[0][t][e] * scale_log2 - ((e & 1) ? lse.y : lse.x);
+            float x = pt[0][t][e] * scale_log2 - lse_log2[e & 1];
             if (needs_mask && col + (e & 1) < first_visible[e / 2]) x = -INFINITY;
             pt[0][t][e] = fast_exp2(x);
           }
@@ -284,8 +310,11 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
           }
         }
       }
+      // The whole dS tile is written, and every warp is done with this step's Q, dO, lse and
+      // D: the next step's copies overlap the dQ atomics.
+      __syncthreads();
+      if (step + 1 < steps) load_step(step + 1);
       if constexpr (kAtomicDq) {
-        __syncthreads();  // the whole dS tile is written
         accumulate_dq<Element, kHeadDim>(smem, dq_accum + (row_base + m_begin) * kHeadDim, rows,
                                          warp, lane);
       }
@@ -305,15 +334,17 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
   store_warp_tile<Element, kHeadDim, kStride>(dk, static_cast<float>(p.scale),
                                               smem.k + 16 * warp * kStride, dk_out, dk_row,
                                               warp_keys, lane);
-  store_warp_tile<Element, kHeadDim, kStride>(dv, 1.f, smem.v + 16 * warp * kStride, dv_out,
-                                              dv_row, warp_keys, lane);
+  store_warp_tile<Element, kHeadDim, kStride>(dv, 1.f, smem.v + 16 * warp * kStride, dv_out, dv_row,
+                                              warp_keys, lane);
 
   // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients.
   if (f.kv_stride > 1) {
     const int64_t first_row = n_begin * f.kv_stride;
     const int64_t end_row = min((n_begin + kBlockN) * f.kv_stride, p.seqlen_k);
-    Element* dk_head = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
-    Element* dv_head = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+    Element* dk_head =
+        static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+    Element* dv_head =
+        static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
     const Element zero_value = Element(0.f);
     for (int64_t i = thread; i < (end_row - first_row) * kHeadDim; i += kThreads) {
       const int64_t row = first_row + i / kHeadDim;
@@ -443,8 +474,8 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
   Element* dq_out = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
                     (m_begin + 16 * warp) * p.dq_row_stride;
   store_warp_tile<Element, kHeadDim, kStride>(dq, static_cast<float>(p.scale),
-                                              smem.q + 16 * warp * kStride, dq_out,
-                                              p.dq_row_stride, warp_rows, lane);
+                                              smem.q + 16 * warp * kStride, dq_out, p.dq_row_stride,
+                                              warp_rows, lane);
 }
 
 // The kernel bodies exist only for sm80+ (cp.async, bf16 mma); the host never launches them on
