@@ -461,15 +461,14 @@ void PrintTo(const TensorCoreCase& c, std::ostream* os) {
 bool has_tensor_cores() {
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-             cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
          major >= 8;
 }
 
-#define SKIP_WITHOUT_TENSOR_CORES()                                   \
-  do {                                                                \
-    SKIP_WITHOUT_GPU();                                               \
-    if (!has_tensor_cores()) GTEST_SKIP() << "needs sm80 or newer";  \
+#define SKIP_WITHOUT_TENSOR_CORES()                                 \
+  do {                                                              \
+    SKIP_WITHOUT_GPU();                                             \
+    if (!has_tensor_cores()) GTEST_SKIP() << "needs sm80 or newer"; \
   } while (0)
 
 class BackwardTensorCore : public ::testing::TestWithParam<TensorCoreCase> {};
@@ -477,15 +476,15 @@ class BackwardTensorCore : public ::testing::TestWithParam<TensorCoreCase> {};
 TEST_P(BackwardTensorCore, MatchesReference) {
   SKIP_WITHOUT_TENSOR_CORES();
   const Scenario& sc = GetParam().scenario;
-  BackwardProblem pb(sc.shape, GetParam().dtype, sc.causal, sc.kv_stride, sc.seq_major,
-                     sc.seed(), sc.scale);
+  BackwardProblem pb(sc.shape, GetParam().dtype, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
+                     sc.scale);
   pb.params.forward.backend = Backend::kTensorCore;  // throws if the call fell back to SIMT
   pb.params.deterministic = GetParam().deterministic;
   expect_matches_reference(pb, sc);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardTensorCore,
-                         ::testing::ValuesIn(all_tensor_core_cases()), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardTensorCore, ::testing::ValuesIn(all_tensor_core_cases()),
+                         [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) +
                                   (info.param.deterministic ? "_deterministic_" : "_atomic_") +
                                   info.param.scenario.name;
@@ -494,7 +493,7 @@ INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardTensorCore,
 // The fp32 dQ accumulator is in the workspace only when the atomic tensor-core path may run.
 TEST(BackwardTensorCoreWorkspace, HoldsTheDqAccumulator) {
   BackwardProblem pb({2, 3, 1, 5, 7, 64, 64}, DType::kBFloat16);
-  const size_t delta = 256;                 // 30 floats, rounded up
+  const size_t delta = 256;                // 30 floats, rounded up
   const size_t accumulator = 30 * 64 * 4;  // 7680 = 30 * 256
   EXPECT_EQ(attention_backward_workspace_bytes(pb.params), delta + accumulator);
   pb.params.deterministic = true;
@@ -523,8 +522,8 @@ TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
   for (const Scenario& sc : {Scenario{"auto_40", {1, 2, 2, 31, 45, 40, 40}, true},
                              Scenario{"auto_256", {1, 2, 1, 70, 90, 256, 256}, true},
                              Scenario{"auto_64", {1, 4, 2, 70, 90, 64, 64}, true}}) {
-    BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
-                       sc.seed(), sc.scale);
+    BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
+                       sc.scale);
     SCOPED_TRACE(sc.name);
     expect_matches_reference(pb, sc);
   }
