@@ -1,16 +1,59 @@
-// attention_backward: validate, derive the kernel parameters once, launch the SIMT backward
-// (D = rowsum(dout * out), then dK/dV, then dQ).
+// attention_backward: validate, derive the kernel parameters once, launch D = rowsum(dout * out)
+// and then the tensor-core backward (fp16/bf16 on sm80+) or the SIMT backward (dK/dV, then dQ).
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "attention/backward_kernel_params.h"
 #include "attention/simt/backward_launch.h"
+#include "attention/tensor_core/backward_launch.h"
 #include "attention/validate.h"
+#include "common/check.h"
 #include "samattn/attention.h"
 
 namespace samattn {
 namespace {
 
 constexpr size_t kWorkspaceAlignment = 256;
+
+size_t round_up(size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+// Read on every call, as in the forward, so tests and users can flip it at run time.
+bool simt_forced_by_environment() {
+  const char* value = std::getenv("SAMATTN_FORCE_SIMT");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+// The tensor-core backward's non-deterministic dQ sums into an fp32 accumulator with atomics.
+// Decided from the shapes, dtype and options alone (no device query) so the workspace size is a
+// pure function of the parameters; a call that then runs on SIMT leaves it unused.
+bool wants_dq_accumulator(const AttentionBackwardParams& bp) {
+  return !bp.deterministic && bp.forward.backend != Backend::kSimt &&
+         tensor_core::backward_has_kernel(bp.forward);
+}
+
+size_t delta_bytes(const AttentionParams& p) {
+  const size_t accumulator = p.dtype == DType::kFloat64 ? sizeof(double) : sizeof(float);
+  return round_up(static_cast<size_t>(detail::output_rows(p)) * accumulator);
+}
+
+size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
+  if (!wants_dq_accumulator(bp)) return 0;
+  const AttentionParams& p = bp.forward;
+  return round_up(static_cast<size_t>(detail::output_rows(p)) * static_cast<size_t>(p.head_dim) *
+                  sizeof(float));
+}
+
+// kSimt or SAMATTN_FORCE_SIMT=1: SIMT. kTensorCore: the tensor-core backward or an error saying
+// why not. kAuto: the tensor-core backward where it supports the call.
+bool use_tensor_core(const AttentionBackwardParams& bp) {
+  if (bp.forward.backend == Backend::kSimt || simt_forced_by_environment()) return false;
+  const Status status = tensor_core::backward_supports(bp);
+  if (bp.forward.backend == Backend::kTensorCore) SAMATTN_CHECK(status.ok(), status.message());
+  return status.ok();
+}
 
 detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.forward;
@@ -45,9 +88,7 @@ detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackward
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
   const AttentionParams& p = params.forward;
   if (p.batch <= 0 || p.heads_q <= 0 || p.seqlen_q <= 0) return 0;
-  const size_t accumulator = p.dtype == DType::kFloat64 ? sizeof(double) : sizeof(float);
-  const size_t bytes = static_cast<size_t>(detail::output_rows(p)) * accumulator;
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  return delta_bytes(p) + dq_accumulator_bytes(params);
 }
 
 void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream) {
@@ -55,7 +96,28 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
-  simt::dispatch_backward(p.dtype, make_backward_kernel_params(params), stream);
+  detail::BackwardKernelParams kernel_params = make_backward_kernel_params(params);
+  if (!use_tensor_core(params)) {
+    simt::dispatch_backward(p.dtype, kernel_params, stream);
+    return;
+  }
+  if (dq_accumulator_bytes(params) > 0) {
+    kernel_params.dq_accum = static_cast<unsigned char*>(params.workspace) + delta_bytes(p);
+  }
+  // D is only read for rows that see a key.
+  if (kernel_params.fwd.kept_keys > 0 && p.seqlen_q > 0) {
+    switch (p.dtype) {
+      case DType::kFloat16:
+        simt::launch_backward_preprocess<DType::kFloat16>(kernel_params, stream);
+        break;
+      case DType::kBFloat16:
+        simt::launch_backward_preprocess<DType::kBFloat16>(kernel_params, stream);
+        break;
+      default:
+        SAMATTN_CHECK(false, "the tensor-core backward got dtype ", dtype_name(p.dtype));
+    }
+  }
+  tensor_core::dispatch_backward(p.dtype, kernel_params, stream);
 }
 
 }  // namespace samattn

@@ -19,6 +19,9 @@ struct BackwardKernelParams {
   // Workspace: D_i = dout_i . out_i per query row, contiguous (batch, heads_q, seqlen_q) in the
   // accumulation type.
   void* delta;
+  // Workspace of the tensor-core backward's atomic dQ: fp32, contiguous (batch, heads_q,
+  // seqlen_q, head_dim), zeroed before the dK/dV kernel; null on the other paths.
+  void* dq_accum;
 
   int64_t do_batch_stride, do_head_stride, do_row_stride;
   int64_t dq_batch_stride, dq_head_stride, dq_row_stride;

@@ -65,8 +65,9 @@ void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
   run_forward(params, query);
 }
 
-// Runs the backward with the SIMT kernels or, for CPU tensors, the fp64 reference. The CUDA
-// workspace comes from torch's caching allocator, on the current stream.
+// Runs the backward with the CUDA kernels or, for CPU tensors, the fp64 reference. The CUDA
+// workspace (D and the tensor-core backward's fp32 dQ accumulator) comes from torch's caching
+// allocator, on the current stream.
 void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
   try {
     if (query.is_cuda()) {
@@ -85,13 +86,16 @@ void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
 }
 
 // Gradients of attention_forward: dq, dk, dv shaped like query, key, value (contiguous).
-// `deterministic` is accepted for API stability: the SIMT backward is always deterministic.
+// `deterministic`: bit-identical dq from run to run (the tensor-core backward then recomputes
+// the probabilities in a separate dQ kernel instead of adding dQ with atomics). `backend` picks
+// the backward's kernels as it picks the forward's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
     const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& out, const at::Tensor& lse, std::optional<double> scale, bool causal,
-    int64_t kv_stride, bool deterministic) {
-  AttentionParams forward =
-      make_forward_params(query, key, value, {scale, causal, kv_stride, "auto"});
+    int64_t kv_stride, bool deterministic, c10::string_view backend) {
+  AttentionParams forward = make_forward_params(
+      query, key, value,
+      {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   check_output(out, query, forward, "out");
   check_output(dout, query, forward, "dout");
   check_lse(lse, query, forward);
@@ -141,7 +145,7 @@ TORCH_LIBRARY(samattn, m) {
   m.def(
       "attention_backward(Tensor dout, Tensor query, Tensor key, Tensor value, Tensor out, "
       "Tensor lse, float? scale=None, bool causal=False, int kv_stride=1, "
-      "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "bool deterministic=False, str backend='auto') -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");

@@ -45,7 +45,7 @@ def _attention_forward_into_fake(query, key, value, out, scale=None, causal=Fals
 
 @torch.library.register_fake("samattn::attention_backward")
 def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, causal=False,
-                             kv_stride=1, deterministic=False):
+                             kv_stride=1, deterministic=False, backend="auto"):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
@@ -68,8 +68,11 @@ def _attention_forward_backward(ctx, dout, _dlse):
         _, lse = ops.attention_forward(query, key, value, scale, causal, kv_stride, True, backend)
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of out.sum()
         dout = dout.contiguous()
+    # torch.use_deterministic_algorithms(True) selects the tensor-core backward's atomic-free
+    # dQ kernel (bit-identical dq across runs); the forward's backend picks the backward's.
     dq, dk, dv = ops.attention_backward(dout, query, key, value, out, lse, scale, causal,
-                                        kv_stride, False)
+                                        kv_stride, torch.are_deterministic_algorithms_enabled(),
+                                        backend)
     return dq, dk, dv, None, None, None, None, None
 
 

@@ -31,8 +31,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
 
-    Differentiable with respect to q, k and v (the SIMT backward on CUDA, for every dtype; the
-    fp64 reference on the CPU). lse is returned for inspection and is not differentiable.
+    Differentiable with respect to q, k and v (on CUDA the tensor-core backward for float16 and
+    bfloat16 at head dims 32/64/96/128 on sm80+, the SIMT backward otherwise, chosen by
+    ``backend`` as for the forward; the fp64 reference on the CPU). The tensor-core backward
+    adds dq with fp32 atomics, so dq may differ in the last bits between runs; under
+    ``torch.use_deterministic_algorithms(True)`` it uses an atomic-free dq kernel instead
+    (bit-identical). lse is returned for inspection and is not differentiable.
     """
     # The backward needs lse: compute it whenever autograd will record this call. getattr lets a
     # non-tensor argument reach the op's named error.

@@ -335,6 +335,8 @@ struct DeviceBackward {
   }
 };
 
+void expect_matches_reference(BackwardProblem& pb, const Scenario& sc);
+
 class BackwardGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(BackwardGpu, MatchesReference) {
@@ -342,6 +344,14 @@ TEST_P(BackwardGpu, MatchesReference) {
   const Scenario& sc = GetParam().scenario;
   const DType dtype = GetParam().dtype;
   BackwardProblem pb(sc.shape, dtype, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(), sc.scale);
+  pb.params.forward.backend = Backend::kSimt;  // fp16/bf16 would otherwise take tensor cores
+  expect_matches_reference(pb, sc);
+}
+
+// Runs attention_backward on device copies of `pb` (poisoned gradients and workspace) and
+// checks every element of dq, dk and dv against the fp64 reference.
+void expect_matches_reference(BackwardProblem& pb, const Scenario& sc) {
+  const DType dtype = pb.fwd.dtype;
   DeviceBackward dev(pb);  // gradients still hold the poison pattern
   reference_attention_backward(pb.params);
 
@@ -351,8 +361,10 @@ TEST_P(BackwardGpu, MatchesReference) {
   dev.dq.download(dq.data());
   dev.dk.download(dk.data());
   dev.dv.download(dv.data());
-  // The kernels accumulate in fp32 (fp64) and round only their outputs; out and lse are inputs
-  // of both sides, so the forward's own rule applies (test_support.h's tolerance_for).
+  // The kernels accumulate in fp32 (fp64); out and lse are inputs of both sides, so the
+  // forward's own rule applies (test_support.h's tolerance_for). The tensor-core path also
+  // rounds P and dS to the input type as mma operands (relative error 2^-9 / 2^-12 per term,
+  // a quarter of the tolerance's step), as FlashAttention does.
   // The terms each gradient sums: dV of P * dO, dQ and dK of scale * P * (dO.V - D) * K (or
   // Q). Their size, not the gradient's own (zero when a row sees one key), sets the error scale.
   const double scale =
@@ -370,21 +382,159 @@ INSTANTIATE_TEST_SUITE_P(AllDtypes, BackwardGpu, ::testing::ValuesIn(all_gpu_cas
                                   info.param.scenario.name;
                          });
 
+// Runs the backward of `pb` twice on the same device buffers; expects bit-identical dq, dk, dv.
+void expect_bit_identical_reruns(BackwardProblem& pb) {
+  DeviceBackward dev(pb);
+  std::vector<std::vector<unsigned char>> runs;
+  for (int run = 0; run < 2; ++run) {
+    attention_backward(dev.params, nullptr);
+    for (const HostTensor* like : {&pb.dq, &pb.dk, &pb.dv}) {
+      const DeviceBuffer& buffer = like == &pb.dq ? dev.dq : like == &pb.dk ? dev.dk : dev.dv;
+      runs.emplace_back(like->bytes.size());
+      buffer.download(runs.back().data());
+    }
+  }
+  EXPECT_EQ(runs[0], runs[3]) << dtype_name(pb.fwd.dtype) << " dq";
+  EXPECT_EQ(runs[1], runs[4]) << dtype_name(pb.fwd.dtype) << " dk";
+  EXPECT_EQ(runs[2], runs[5]) << dtype_name(pb.fwd.dtype) << " dv";
+}
+
+// deterministic = true: bit-identical on every path (SIMT for float32, the tensor-core
+// deterministic dQ kernel for bfloat16 on sm80+).
 TEST(BackwardGpuRuns, RerunsAreBitIdentical) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     BackwardProblem pb({2, 8, 2, 300, 300, 64, 64}, dtype, /*causal=*/true, /*kv_stride=*/2);
-    DeviceBackward dev(pb);
-    std::vector<std::vector<unsigned char>> runs;
-    for (int run = 0; run < 2; ++run) {
-      attention_backward(dev.params, nullptr);
-      for (const HostTensor* like : {&pb.dq, &pb.dk, &pb.dv}) {
-        const DeviceBuffer& buffer = like == &pb.dq ? dev.dq : like == &pb.dk ? dev.dk : dev.dv;
-        runs.emplace_back(like->bytes.size());
-        buffer.download(runs.back().data());
-      }
+    pb.params.deterministic = true;
+    expect_bit_identical_reruns(pb);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-core backward (fp16/bf16, sm80+) against the reference, with atomic and
+// deterministic dQ. Head dims 32, 64, 96 and 128 (q and v equal), every forward option.
+
+const Scenario kTensorCoreScenarios[] = {
+    {"dense", {2, 3, 3, 77, 129, 64, 64}},
+    {"causal", {2, 2, 2, 129, 129, 64, 64}, true},
+    {"causal_sq_gt_sk", {1, 2, 2, 100, 37, 32, 32}, true},
+    {"causal_sq_lt_sk_128", {1, 2, 2, 37, 100, 128, 128}, true},
+    {"kv_stride3", {2, 2, 2, 65, 130, 64, 64}, false, 3},
+    {"kv_stride4_causal_128", {1, 2, 2, 200, 200, 128, 128}, true, 4},
+    {"kv_stride_larger_than_keys", {1, 1, 1, 20, 30, 32, 32}, true, 50},
+    {"gqa_4to1", {2, 8, 2, 33, 70, 64, 64}},
+    {"gqa_4to1_causal_128", {1, 8, 2, 130, 140, 128, 128}, true},
+    {"mqa_causal_96", {1, 6, 1, 40, 41, 96, 96}, true},
+    {"seq_major_layout", {2, 4, 2, 50, 61, 64, 64}, false, 1, true},
+    {"seq_major_causal_128", {1, 4, 4, 77, 77, 128, 128}, true, 1, true},
+    {"head_dim_96", {1, 2, 2, 70, 90, 96, 96}, true},
+    {"single_query", {3, 2, 2, 1, 300, 128, 128}},
+    {"single_key", {1, 2, 2, 20, 1, 64, 64}},
+    {"long_causal", {1, 1, 1, 1000, 1000, 64, 64}, true, 1, false, 0.3},
+    {"long_keys_128", {1, 2, 2, 77, 1000, 128, 128}},
+    {"negative_scale", {1, 2, 2, 30, 40, 64, 64}, true, 1, false, -0.2},
+    {"no_keys", {1, 2, 2, 10, 0, 64, 64}},
+    {"no_queries", {1, 2, 1, 0, 10, 64, 64}},
+};
+
+struct TensorCoreCase {
+  Scenario scenario;
+  DType dtype;
+  bool deterministic;
+};
+
+std::vector<TensorCoreCase> all_tensor_core_cases() {
+  std::vector<TensorCoreCase> cases;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (bool deterministic : {false, true}) {
+      for (const Scenario& s : kTensorCoreScenarios) cases.push_back({s, dtype, deterministic});
     }
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(runs[i], runs[i + 3]) << dtype_name(dtype);
+  }
+  return cases;
+}
+
+void PrintTo(const TensorCoreCase& c, std::ostream* os) {
+  *os << dtype_name(c.dtype) << (c.deterministic ? "/deterministic/" : "/atomic/")
+      << c.scenario.name;
+}
+
+bool has_tensor_cores() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 8;
+}
+
+#define SKIP_WITHOUT_TENSOR_CORES()                                 \
+  do {                                                              \
+    SKIP_WITHOUT_GPU();                                             \
+    if (!has_tensor_cores()) GTEST_SKIP() << "needs sm80 or newer"; \
+  } while (0)
+
+class BackwardTensorCore : public ::testing::TestWithParam<TensorCoreCase> {};
+
+TEST_P(BackwardTensorCore, MatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const Scenario& sc = GetParam().scenario;
+  BackwardProblem pb(sc.shape, GetParam().dtype, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
+                     sc.scale);
+  pb.params.forward.backend = Backend::kTensorCore;  // throws if the call fell back to SIMT
+  pb.params.deterministic = GetParam().deterministic;
+  expect_matches_reference(pb, sc);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardTensorCore, ::testing::ValuesIn(all_tensor_core_cases()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) +
+                                  (info.param.deterministic ? "_deterministic_" : "_atomic_") +
+                                  info.param.scenario.name;
+                         });
+
+// The fp32 dQ accumulator is in the workspace only when the atomic tensor-core path may run.
+TEST(BackwardTensorCoreWorkspace, HoldsTheDqAccumulator) {
+  BackwardProblem pb({2, 3, 1, 5, 7, 64, 64}, DType::kBFloat16);
+  const size_t delta = 256;                // 30 floats, rounded up
+  const size_t accumulator = 30 * 64 * 4;  // 7680 = 30 * 256
+  EXPECT_EQ(attention_backward_workspace_bytes(pb.params), delta + accumulator);
+  pb.params.deterministic = true;
+  EXPECT_EQ(attention_backward_workspace_bytes(pb.params), delta);
+  pb.params.deterministic = false;
+  pb.params.forward.backend = Backend::kSimt;
+  EXPECT_EQ(attention_backward_workspace_bytes(pb.params), delta);
+}
+
+TEST(BackwardTensorCoreRuns, DeterministicRerunsAreBitIdentical) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t head_dim : {64, 128}) {
+      BackwardProblem pb({2, 8, 2, 300, 333, head_dim, head_dim}, dtype, /*causal=*/true);
+      pb.params.forward.backend = Backend::kTensorCore;
+      pb.params.deterministic = true;
+      expect_bit_identical_reruns(pb);
+    }
+  }
+}
+
+// kAuto picks tensor cores where they apply and SIMT elsewhere (head dim 40, 256), correctly;
+// kTensorCore on a call it cannot run is an error that says why, raised before any launch.
+TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  for (const Scenario& sc : {Scenario{"auto_40", {1, 2, 2, 31, 45, 40, 40}, true},
+                             Scenario{"auto_256", {1, 2, 1, 70, 90, 256, 256}, true},
+                             Scenario{"auto_64", {1, 4, 2, 70, 90, 64, 64}, true}}) {
+    BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
+                       sc.scale);
+    SCOPED_TRACE(sc.name);
+    expect_matches_reference(pb, sc);
+  }
+  BackwardProblem pb({1, 2, 2, 31, 45, 40, 40}, DType::kBFloat16);
+  pb.params.forward.backend = Backend::kTensorCore;
+  DeviceBackward dev(pb);
+  try {
+    attention_backward(dev.params, nullptr);
+    FAIL() << "the tensor-core backward accepted head_dim 40";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("head_dim 40"), std::string::npos) << error.what();
   }
 }
 

@@ -279,7 +279,8 @@ def test_gpu_gradients_match_reference(name, dtype):
     args = (options.get("scale"), options.get("causal", False), options.get("kv_stride", 1),
             False)
     poison_cuda_cache(q, k, v)
-    grads = samattn.ops.attention_backward(dout, q, k, v, out, lse, *args)
+    # backend="simt": fp16/bf16 would otherwise take the tensor-core backward (tested below).
+    grads = samattn.ops.attention_backward(dout, q, k, v, out, lse, *args, "simt")
     # The oracle: the fp64 reference backward on exact float64 copies of the same inputs,
     # including the forward's out (D = dout . out uses it on both sides, as FlashAttention's
     # backward does). The SIMT backward accumulates in fp32 (fp64 for fp64) and rounds only its
@@ -303,9 +304,104 @@ def test_gpu_backward_reruns_are_bit_identical(dtype):
     q, k, v, options = gpu_problem("gqa_8to1", dtype)
     out, lse = samattn.attention(q, k, v, return_lse=True, causal=True)
     dout = torch.randn_like(out)
-    first = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, True, 1, False)
+    # deterministic=True on both runs: the tensor-core backward (fp16/bf16) adds dq with atomics
+    # otherwise; SIMT (float32/float64) is deterministic either way.
+    first = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, True, 1, True)
     second = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, True, 1, True)
     for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+# The tensor-core backward (fp16/bf16, head dims 32/64/96/128, sm80+): every GPU scenario it
+# supports, through autograd (samattn.attention(..., backend="tensor_core") then .backward),
+# with atomic dq and under torch.use_deterministic_algorithms, against the fp64 reference.
+TENSOR_CORE_SCENARIOS = [name for name, sc in GPU_SCENARIOS.items()
+                         if sc["shape"][5] == sc["shape"][6] and sc["shape"][5] in (32, 64, 96, 128)]
+TENSOR_CORE_SCENARIOS_EXTRA = {
+    "causal_128_gqa_4to1": dict(shape=(1, 8, 2, 200, 200, 128, 128), causal=True),
+    "strided4_causal_128": dict(shape=(1, 2, 2, 150, 150, 128, 128), kv_stride=4, causal=True),
+    "mqa_96": dict(shape=(1, 6, 1, 77, 129, 96, 96)),
+    "s77_32": dict(shape=(2, 2, 2, 77, 77, 32, 32), causal=True),
+}
+GPU_SCENARIOS.update(TENSOR_CORE_SCENARIOS_EXTRA)
+TENSOR_CORE_SCENARIOS += list(TENSOR_CORE_SCENARIOS_EXTRA)
+
+
+def requires_sm80(fn):
+    ok = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+    return pytest.mark.skipif(not ok, reason="needs a CUDA GPU of compute capability 8.0+")(fn)
+
+
+@requires_cuda
+@requires_sm80
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", TENSOR_CORE_SCENARIOS)
+def test_gpu_tensor_core_autograd_matches_reference(name, dtype, deterministic):
+    q, k, v, options = gpu_problem(name, dtype)
+    assert samattn.selected_backend(q, k, v, causal=options.get("causal", False),
+                                    kv_stride=options.get("kv_stride", 1)) == "tensor_core"
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = samattn.attention(q, k, v, backend="tensor_core", **options)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to("cuda", dtype)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        poison_cuda_cache(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    # Oracle: the fp64 reference backward on float64 copies of the same inputs and of the
+    # forward's out and lse (D = dout . out on both sides, as in FlashAttention).
+    _, lse = samattn.attention(q.detach(), k.detach(), v.detach(), return_lse=True,
+                               backend="tensor_core", **options)
+    cpu = [t.detach().double().cpu() for t in (dout, q, k, v, out)]
+    expected = samattn.ops.attention_backward(
+        *cpu, lse.double().cpu(), options.get("scale"), options.get("causal", False),
+        options.get("kv_stride", 1), False)
+    # Same rule as the SIMT test: the kernels round P and dS to the input dtype as mma operands
+    # (relative 2^-9 bf16 / 2^-12 fp16 per term, a quarter of the tolerance's step).
+    softmax_scale = abs(options.get("scale") or 1.0 / math.sqrt(q.shape[-1]))
+    dp = dout.abs().max().item() * v.abs().max().item()
+    floors = (softmax_scale * dp * k.abs().max().item(), softmax_scale * dp * q.abs().max().item(),
+              dout.abs().max().item())
+    for got, ref, like, floor in zip(grads, expected, (q, k, v), floors):
+        assert got.shape == like.shape and got.dtype == dtype
+        assert_close(got, ref, dtype, scale_floor=floor)
+
+
+@requires_cuda
+@requires_sm80
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_tensor_core_deterministic_autograd_is_bit_identical(dtype, head_dim):
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 8, 2, 333, 333, head_dim, dtype=dtype,
+                                                    device="cuda", seed=5))
+    out = samattn.attention(q, k, v, causal=True, backend="tensor_core")
+    dout = torch.randn_like(out)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        second = torch.autograd.grad(out, (q, k, v), dout)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+def test_gpu_backward_backend_follows_the_forward():
+    """backend="simt" reaches the backward too; "tensor_core" where it cannot run is an error."""
+    q, k, v = make_qkv(1, 2, 2, 40, 50, 72, dtype=torch.bfloat16, device="cuda", seed=6)
+    out, lse = samattn.attention(q, k, v, return_lse=True)
+    dout = torch.randn_like(out)
+    with pytest.raises(ValueError, match="head_dim 72"):
+        samattn.ops.attention_backward(dout, q, k, v, out, lse, None, False, 1, False,
+                                       "tensor_core")
+    simt = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, False, 1, False, "simt")
+    auto = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, False, 1, False)
+    for a, b in zip(simt, auto):  # head dim 72 has no tensor-core backward: both run SIMT
         assert torch.equal(a, b)
 
 

@@ -92,8 +92,10 @@ struct AttentionBackwardParams {
   // The forward problem: shapes, strides, dtype and options, plus q, k, v, out and lse. out and
   // lse are those the forward wrote (lse is required by attention_backward; the reference
   // recomputes the probabilities and ignores it). D is computed from `out` as given.
-  // forward.backend picks the forward's kernels only: the backward has one implementation,
-  // the SIMT kernels, and runs them for every backend value.
+  // forward.backend also picks the backward's kernels: kAuto runs the tensor-core backward for
+  // float16/bfloat16 on sm80+ with equal head dims of 32, 64, 96 or 128 (16-byte aligned
+  // pointers and strides) and the SIMT kernels otherwise; kSimt (or SAMATTN_FORCE_SIMT=1) forces
+  // SIMT; kTensorCore throws, naming the reason, when the tensor-core backward cannot run.
   AttentionParams forward;
 
   // dL/dout, (B, Hq, Sq, Dv) in forward.dtype, last dimension contiguous.
@@ -110,22 +112,29 @@ struct AttentionBackwardParams {
   // allocator keep allocations out of the library. Only used during the call.
   void* workspace = nullptr;
 
-  // Requests bit-identical results from run to run. The SIMT backward uses no atomics and sums
-  // in a fixed order, so it is always deterministic and this flag changes nothing today.
+  // Requests bit-identical results from run to run. The SIMT backward uses no atomics and is
+  // always deterministic. The tensor-core backward sums dK and dV in a fixed order, but by
+  // default (false, as in FlashAttention-2) adds each key block's share of dQ into an fp32
+  // workspace with atomics, whose order varies (dq can differ in the last bits between runs);
+  // true runs a separate dQ kernel that recomputes the probabilities per query block instead
+  // (no atomics, no dQ workspace, about one more forward's worth of work).
   bool deterministic = false;
 };
 
 // Bytes of device workspace attention_backward needs for `params` (0 when there is nothing to
-// compute). Depends only on the shapes and dtype.
+// compute): D (one value per query row) and, when the tensor-core backward may run with
+// deterministic = false, its fp32 dQ accumulator (batch * heads_q * seqlen_q * head_dim floats).
+// Depends only on the shapes, dtype, backend and deterministic (not on the device).
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params);
 
 // Checks every field, including the workspace, without launching anything; the message of a
 // failed status names the field, as attention_backward would throw it.
 Status can_implement_backward(const AttentionBackwardParams& params);
 
-// Computes dq, dk and dv on `stream` with the CUDA-core (SIMT) kernels, for every dtype
-// (float16/bfloat16 and float32 accumulate in float, float64 in double). Pointers are device
-// pointers. Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
+// Computes dq, dk and dv on `stream`: the tensor-core kernels for float16/bfloat16 where they
+// apply (see forward.backend), else the CUDA-core (SIMT) kernels, for every dtype (float16,
+// bfloat16 and float32 accumulate in float, float64 in double). Pointers are device pointers.
+// Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
 void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream);
 
 // The fp64 CPU reference of the backward: host pointers, same parameters (lse and workspace are

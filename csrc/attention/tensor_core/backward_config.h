@@ -1,0 +1,66 @@
+// Internal: tile shapes of the tensor-core backward (fp16/bf16), in one place. Plain C++ so the
+// host dispatcher can read shared-memory sizes without including CUDA device code.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/tensor_core/forward_config.h"
+
+namespace samattn::tensor_core {
+
+// Head dims with a backward instantiation. Each warp keeps dK and dV of its 16 keys in registers
+// (2 * head_dim / 4 floats per lane), so 192 and 256 would not fit next to S and dP without
+// spilling; they run on SIMT.
+inline constexpr int kBackwardHeadDims[] = {32, 64, 96, 128};
+
+constexpr bool is_backward_head_dim(int64_t head_dim) {
+  for (int d : kBackwardHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
+}
+
+// Both kernels use 64 x 64 tiles on 4 warps of 16 rows:
+//  - dK/dV kernel: one block per (batch, kv head, 64 keys); a warp owns 16 keys and walks the
+//    query blocks (64 rows) of every query head of the group, computing S^T = K Q^T and
+//    dP^T = V dO^T with keys as mma rows, so P^T and dS^T are A fragments of dV += P^T dO and
+//    dK += dS^T Q straight from the accumulators (no transposes through shared memory).
+//  - dQ (deterministic mode): one block per (batch, head, 64 queries), the forward's layout.
+// Shared memory: K, V, Q, dO tiles (row pitch head_dim + 8 elements, as in the forward), the dS
+// tile (64 x 72 elements) for dQ += dS K, and lse / D of the query block (64 floats each).
+struct BackwardConfigBase {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 64;  // query rows per step
+  static constexpr int kBlockN = 64;  // keys per block
+  static constexpr int kMinBlocksPerSm = 2;
+  static constexpr int kDsStride = kBlockN + 8;  // odd multiple of 16 bytes in 16-bit elements
+};
+
+constexpr int backward_smem_bytes(int64_t head_dim) {
+  const int stride = tile_row_stride(head_dim, 2);
+  return (2 * BackwardConfigBase::kBlockN + 2 * BackwardConfigBase::kBlockM) * stride * 2 +
+         BackwardConfigBase::kBlockM * BackwardConfigBase::kDsStride * 2 +
+         2 * BackwardConfigBase::kBlockM * int(sizeof(float));
+}
+
+template <int kHeadDim>
+struct BackwardConfig : BackwardConfigBase {
+  static constexpr int kRowStride = tile_row_stride(kHeadDim, 2);  // elements
+  static constexpr int kTileElems = 64 * kRowStride;
+  static constexpr int kSmemBytes = backward_smem_bytes(kHeadDim);
+  static constexpr int kDTiles = kHeadDim / 8;   // 8-column accumulator tiles of a 16-row tile
+  static constexpr int kKSteps = kHeadDim / 16;  // mma k-steps over the head dim
+  // Queries of one S^T / dP^T pass of the dK/dV kernel: above head dim 64, dK and dV take 96+
+  // registers, so S^T and dP^T are computed for half the step's queries at a time.
+  static constexpr int kSubQueries = kHeadDim <= 64 ? kBlockM : kBlockM / 2;
+
+  static_assert(kHeadDim % 32 == 0, "tile loads give each thread whole 16-byte chunks");
+  static_assert((kRowStride * 2 / 16) % 2 == 1, "row pitch must be odd in 16 B");
+  static_assert((kDsStride * 2 / 16) % 2 == 1, "dS row pitch must be odd in 16 B");
+  static_assert(kBlockM == kBlockN, "tiles are carved as 64-row blocks");
+  static_assert(kBlockM == 16 * kWarps, "a warp owns 16 rows");
+  static_assert(kSubQueries % 16 == 0 && kBlockM % kSubQueries == 0, "whole 16-query mma steps");
+};
+
+}  // namespace samattn::tensor_core

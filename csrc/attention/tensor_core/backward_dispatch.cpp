@@ -1,0 +1,124 @@
+#include <cstdint>
+#include <string>
+
+#include "attention/tensor_core/backward_config.h"
+#include "attention/tensor_core/backward_launch.h"
+#include "attention/tensor_core/forward_launch.h"
+#include "common/check.h"
+#include "common/device.h"
+
+namespace samattn::tensor_core {
+namespace {
+
+Status unsupported(const std::string& why) {
+  return Status::failure("backend tensor_core does not support " + why);
+}
+
+// The kernels move 16-byte vectors: the base pointer and every stride they step along (of
+// dimensions longer than 1) must be multiples of 16 bytes. Returns "" or what is misaligned.
+std::string misalignment(const char* name, const void* pointer, const Strides& strides,
+                         int64_t row_stride, int64_t batch, int64_t heads, int64_t rows,
+                         int element_bytes) {
+  constexpr int64_t kAlign = 16;
+  if (reinterpret_cast<uintptr_t>(pointer) % kAlign != 0) {
+    return detail::concat(name, " pointer ", pointer, " is not 16-byte aligned");
+  }
+  const struct {
+    const char* what;
+    int64_t stride, extent;
+  } steps[] = {
+      {"batch", strides.batch, batch}, {"head", strides.head, heads}, {"row", row_stride, rows}};
+  for (const auto& step : steps) {
+    if (step.extent > 1 && step.stride * element_bytes % kAlign != 0) {
+      return detail::concat(name, " ", step.what, " stride ", step.stride,
+                            " elements is not a multiple of 16 bytes");
+    }
+  }
+  return "";
+}
+
+std::string backward_head_dims() {
+  std::string list;
+  for (int d : kBackwardHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  return list;
+}
+
+}  // namespace
+
+bool backward_has_kernel(const AttentionParams& p) {
+  return (p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16) &&
+         p.head_dim == p.head_dim_v && is_backward_head_dim(p.head_dim);
+}
+
+Status backward_supports(const AttentionBackwardParams& bp) {
+  const AttentionParams& p = bp.forward;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return unsupported(detail::concat("the backward in dtype ", dtype_name(p.dtype),
+                                      " (supported: float16, bfloat16)"));
+  }
+  if (p.head_dim != p.head_dim_v || !is_backward_head_dim(p.head_dim)) {
+    return unsupported(detail::concat("the backward with head_dim ", p.head_dim, " and head_dim_v ",
+                                      p.head_dim_v, " (supported: equal, one of ",
+                                      backward_head_dims(), ")"));
+  }
+  // dtype, compute capability and the alignment of q, k, v and out.
+  const Status forward = supports(p);
+  if (!forward.ok()) return forward;
+  const detail::DeviceInfo& device = detail::current_device_info();
+  const int smem = backward_smem_bytes(p.head_dim);
+  if (smem > device.max_smem_optin) {
+    return unsupported(detail::concat(
+        "the backward with head_dim ", p.head_dim, " on this device: it needs ", smem,
+        " bytes of shared memory per block, the device allows ", device.max_smem_optin));
+  }
+  const int bytes = dtype_size(p.dtype);
+  const int64_t keys = p.seqlen_k;  // dk/dv rows are written at every physical row
+  const std::string misaligned[] = {
+      misalignment("dout", bp.dout, bp.dout_strides, bp.dout_strides.seq, p.batch, p.heads_q,
+                   p.seqlen_q, bytes),
+      misalignment("dq", bp.dq, bp.dq_strides, bp.dq_strides.seq, p.batch, p.heads_q, p.seqlen_q,
+                   bytes),
+      misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq, p.batch, p.heads_kv, keys, bytes),
+      misalignment("dv", bp.dv, bp.dv_strides, bp.dv_strides.seq, p.batch, p.heads_kv, keys,
+                   bytes)};
+  for (const std::string& why : misaligned) {
+    if (!why.empty()) return unsupported(why);
+  }
+  return Status::success();
+}
+
+namespace {
+
+template <DType kDType>
+void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t stream) {
+  switch (params.fwd.head_dim) {
+    case 32:
+      return launch_backward<kDType, 32>(params, stream);
+    case 64:
+      return launch_backward<kDType, 64>(params, stream);
+    case 96:
+      return launch_backward<kDType, 96>(params, stream);
+    case 128:
+      return launch_backward<kDType, 128>(params, stream);
+  }
+  SAMATTN_CHECK(false, "backend tensor_core does not support the backward with head_dim ",
+                params.fwd.head_dim, " (supported: ", backward_head_dims(), ")");
+}
+
+}  // namespace
+
+void dispatch_backward(DType dtype, const detail::BackwardKernelParams& params,
+                       cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return dispatch_head_dim<DType::kFloat16>(params, stream);
+    case DType::kBFloat16:
+      return dispatch_head_dim<DType::kBFloat16>(params, stream);
+    default:
+      break;
+  }
+  SAMATTN_CHECK(false, "backend tensor_core does not support the backward in dtype ",
+                dtype_name(dtype), " (supported: float16, bfloat16)");
+}
+
+}  // namespace samattn::tensor_core

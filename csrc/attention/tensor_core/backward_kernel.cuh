@@ -1,0 +1,529 @@
+// Internal: the tensor-core attention backward for fp16/bf16 (FlashAttention-2 design on
+// mma.sync, sm80+). D = rowsum(dO * O) comes from the SIMT preprocess kernel.
+//
+// dK/dV kernel: one block per (batch, kv head, 64 keys). K and V stay in shared memory; for each
+// query head of the group and each query block that sees a key of the block (causal blocks above
+// the diagonal are skipped) it loads Q, dO, lse and D, and each warp, owning 16 keys, computes
+//   S^T = K Q^T, P^T = exp2(S^T * scale * log2 e - lse * log2 e), dV += P^T dO,
+//   dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q
+// with keys as the mma rows, so P^T and dS^T feed the next mma as A fragments straight from the
+// accumulators. dK and dV are summed over the group's heads in the block: no atomics.
+// dQ, non-deterministic mode: the block writes dS to shared memory and every warp adds
+// dS K for 16 query rows into an fp32 workspace with atomicAdd; a small kernel scales and
+// rounds it into dq. Deterministic mode: a second kernel per (batch, head, 64 queries)
+// recomputes P and dS key block by key block and sums dQ in registers in a fixed order.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/backward_kernel_params.h"
+#include "attention/tensor_core/backward_config.h"
+#include "attention/tensor_core/forward_kernel.cuh"
+#include "attention/tensor_core/mma.cuh"
+#include "attention/tensor_core/tile_io.cuh"
+#include "attention/tensor_core/warp_gemm.cuh"
+
+namespace samattn::tensor_core {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// 4-byte global -> shared copy (through L1); with `valid` false the destination is zero-filled.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+// Shared-memory carve-up of both kernels (BackwardConfig): four 64-row tiles, dS, lse, D.
+template <typename Element, int kHeadDim>
+struct BackwardSmem {
+  using Cfg = BackwardConfig<kHeadDim>;
+  Element* k;
+  Element* v;
+  Element* q;
+  Element* dout;
+  Element* ds;  // (kBlockN keys, kDsStride): dS^T of the step, 16-bit
+  float* lse;   // lse and D of the step's query rows, 0 past seqlen_q
+  float* delta;
+
+  __device__ __forceinline__ explicit BackwardSmem(unsigned char* bytes) {
+    k = reinterpret_cast<Element*>(bytes);
+    v = k + Cfg::kTileElems;
+    q = v + Cfg::kTileElems;
+    dout = q + Cfg::kTileElems;
+    ds = dout + Cfg::kTileElems;
+    lse = reinterpret_cast<float*>(ds + Cfg::kBlockN * Cfg::kDsStride);
+    delta = lse + Cfg::kBlockM;
+  }
+};
+
+template <int kTiles>
+__device__ __forceinline__ void zero(float (&acc)[1][kTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][t][e] = 0.f;
+  }
+}
+
+// Stages a warp's 16 accumulator rows (times `scale`) in rows [0, 16) of `staged` and stores the
+// first valid_rows of them to dst (row pitch dst_row_stride) as 16-byte vectors.
+template <typename Element, int kHeadDim, int kStride>
+__device__ __forceinline__ void store_warp_tile(const float (&acc)[1][kHeadDim / 8][4], float scale,
+                                                Element* staged, Element* dst,
+                                                int64_t dst_row_stride, int valid_rows, int lane) {
+#pragma unroll
+  for (int t = 0; t < kHeadDim / 8; ++t) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 8 * half + lane / 4;
+      const int col = t * 8 + 2 * (lane % 4);
+      store_pair(staged + row * kStride + col, acc[0][t][2 * half] * scale,
+                 acc[0][t][2 * half + 1] * scale);
+    }
+  }
+  __syncwarp();
+  store_warp_rows<16, kHeadDim, kStride>(dst, dst_row_stride, staged, valid_rows, lane);
+}
+
+// dQ_accum[rows of the warp] += dS K for the step, with dS^T in smem.ds ([key][query]) and K in
+// smem.k. Each warp owns query rows [16 * warp, 16 * warp + 16) of the step.
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void accumulate_dq(const BackwardSmem<Element, kHeadDim>& smem,
+                                              float* dq_rows, int rows, int warp, int lane) {
+  using Cfg = BackwardConfig<kHeadDim>;
+  constexpr int kKeySteps = Cfg::kBlockN / 16;
+  constexpr int kChunk = 4;  // 8-column tiles per pass: 16 accumulators live at a time
+  static_assert(Cfg::kDTiles % kChunk == 0, "head dim is a multiple of 32");
+  // A = dS (queries x keys) read transposed from the [key][query] tile: matrices (keys 0-7 |
+  // 8-15) x (queries 0-7 | 8-15) in the order a0 (q 0-7, k 0-7), a1 (q 8-15, k 0-7), a2, a3.
+  const uint32_t ds_lane =
+      shared_address(smem.ds + k_lane_offset<Element, Cfg::kDsStride>(lane) + 16 * warp);
+  uint32_t a[kKeySteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kKeySteps; ++kk) {
+    ldmatrix_x4_trans(a[kk], ds_lane + kk * 16 * Cfg::kDsStride * int(sizeof(Element)));
+  }
+  // B = K (keys x dims) read transposed, as V in the forward's P V.
+  const uint32_t k_lane = shared_address(smem.k + v_lane_offset<Element, Cfg::kRowStride>(lane));
+  const int row0 = 16 * warp + lane / 4;
+  const int col0 = 2 * (lane % 4);
+#pragma unroll
+  for (int c = 0; c < Cfg::kDTiles; c += kChunk) {
+    float acc[kChunk][4];
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeySteps; ++kk) {
+#pragma unroll
+      for (int t = 0; t < kChunk; t += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(
+            b, k_lane + (kk * 16 * Cfg::kRowStride + (c + t) * 8) * int(sizeof(Element)));
+        mma_m16n8k16<Element>(acc[t], a[kk], b[0], b[1]);
+        mma_m16n8k16<Element>(acc[t + 1], a[kk], b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + 8 * half;
+      if (row < rows) {
+        float* dst = dq_rows + static_cast<int64_t>(row) * kHeadDim + c * 8 + col0;
+#pragma unroll
+        for (int t = 0; t < kChunk; ++t) {
+          atomicAdd(dst + t * 8, acc[t][2 * half]);
+          atomicAdd(dst + t * 8 + 1, acc[t][2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <typename Element, int kHeadDim, bool kAtomicDq>
+__device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p) {
+  using Cfg = BackwardConfig<kHeadDim>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kStride = Cfg::kRowStride;
+  constexpr int kSubQueries = Cfg::kSubQueries;
+  constexpr int kSubTiles = kSubQueries / 8;
+  constexpr int kDTiles = Cfg::kDTiles;
+  constexpr int kKSteps = Cfg::kKSteps;
+  const detail::ForwardKernelParams& f = p.fwd;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const BackwardSmem<Element, kHeadDim> smem(shared_bytes);
+
+  // Blocks of one (batch, kv head) are adjacent and start with key block 0, which under causal
+  // masking sees the most queries, so the longest blocks start first.
+  const int64_t n_blocks = (f.kept_keys + kBlockN - 1) / kBlockN;
+  const int64_t n_block = blockIdx.x % n_blocks;
+  const int64_t batch_head = blockIdx.x / n_blocks;
+  const int64_t b = batch_head / p.heads_kv;
+  const int64_t h_kv = batch_head % p.heads_kv;
+  const int64_t n_begin = n_block * kBlockN;
+  const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), f.kept_keys - n_begin));
+
+  const Element* k = static_cast<const Element*>(f.k) + b * f.k_batch_stride +
+                     h_kv * f.k_head_stride + n_begin * f.k_row_stride;
+  const Element* v = static_cast<const Element*>(f.v) + b * f.v_batch_stride +
+                     h_kv * f.v_head_stride + n_begin * f.v_row_stride;
+  load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.k, k, f.k_row_stride, keys);
+  load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.v, v, f.v_row_stride, keys);
+  cp_async_commit();
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  const int col0 = 2 * (lane % 4);
+  // A operands: the warp's 16 keys of K and V. B operands: Q and dO rows (queries as columns).
+  const uint32_t k_a =
+      shared_address(smem.k + 16 * warp * kStride + q_lane_offset<Element, kStride>(lane));
+  const uint32_t v_a =
+      shared_address(smem.v + 16 * warp * kStride + q_lane_offset<Element, kStride>(lane));
+  const uint32_t q_b = shared_address(smem.q + k_lane_offset<Element, kStride>(lane));
+  const uint32_t do_b = shared_address(smem.dout + k_lane_offset<Element, kStride>(lane));
+  // B operands of dV += P^T dO and dK += dS^T Q: dO and Q with queries as the k index.
+  const Element* do_trans = smem.dout + v_lane_offset<Element, kStride>(lane);
+  const Element* q_trans = smem.q + v_lane_offset<Element, kStride>(lane);
+
+  // The lane's keys (rows g and g + 8 of the warp's 16), for the mask.
+  int64_t lane_key[2];
+  lane_key[0] = n_begin + 16 * warp + lane / 4;
+  lane_key[1] = lane_key[0] + 8;
+
+  float dk[1][kDTiles][4];
+  float dv[1][kDTiles][4];
+  zero(dk);
+  zero(dv);
+
+  const float scale_log2 = static_cast<float>(f.scale_log2);
+  const int64_t m_blocks = (f.seqlen_q + kBlockM - 1) / kBlockM;
+  // Under causal masking key n is first seen by query n * kv_stride.
+  const int64_t m_first = f.causal ? min(n_begin * f.kv_stride / kBlockM, m_blocks) : 0;
+  const float* lse_all = static_cast<const float*>(f.lse);
+  const float* delta_all = static_cast<const float*>(p.delta);
+  float* dq_accum = static_cast<float*>(p.dq_accum);
+
+  // The steps: every query block (from m_first) of every query head of the group.
+  const int64_t steps_per_head = m_blocks - m_first;
+  const int64_t steps = f.group_size * steps_per_head;
+  const auto step_head = [&](int64_t step) { return h_kv * f.group_size + step / steps_per_head; };
+  const auto step_begin = [&](int64_t step) { return (m_first + step % steps_per_head) * kBlockM; };
+  // Starts the copies of a step's Q, dO, lse and D. Rows past seqlen_q are zero-filled: with
+  // dO = 0 and D = 0 their P (exp2(0) = 1 for lse 0) adds nothing to dV, and dS = P * (0 - 0).
+  const auto load_step = [&](int64_t step) {
+    const int64_t h = step_head(step);
+    const int64_t m_begin = step_begin(step);
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
+    load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
+        smem.q,
+        static_cast<const Element*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride +
+            m_begin * f.q_row_stride,
+        f.q_row_stride, rows);
+    load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
+        smem.dout,
+        static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+            m_begin * p.do_row_stride,
+        p.do_row_stride, rows);
+    if (thread < kBlockM) {
+      const bool real = thread < rows;
+      const int64_t row = (b * f.heads_q + h) * f.seqlen_q + m_begin + thread;
+      cp_async_4(shared_address(smem.lse + thread), real ? lse_all + row : lse_all, real);
+      cp_async_4(shared_address(smem.delta + thread), real ? delta_all + row : delta_all, real);
+    }
+    cp_async_commit();
+  };
+  if (steps > 0) load_step(0);
+
+  for (int64_t step = 0; step < steps; ++step) {
+    {
+      const int64_t h = step_head(step);
+      const int64_t m_begin = step_begin(step);
+      const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
+      const int64_t row_base = (b * f.heads_q + h) * f.seqlen_q;  // of lse, D and dq_accum
+      // This step's tiles (and K, V) have landed for every thread, and every warp is done with
+      // the previous step's dS.
+      cp_async_wait<0>();
+      __syncthreads();
+
+      // P^T: keys (rows) x queries (columns). Key n is visible to query m iff n < kept_keys and,
+      // under causal masking, n * kv_stride <= m: query column >= first_visible of the row.
+      const bool needs_mask = n_begin + kBlockN > f.kept_keys ||
+                              (f.causal && (n_begin + kBlockN - 1) * f.kv_stride > m_begin);
+      int first_visible[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t first = lane_key[half] >= f.kept_keys ? kBlockM
+                              : f.causal                    ? lane_key[half] * f.kv_stride - m_begin
+                                                            : 0;
+        first_visible[half] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
+      }
+      // The step's queries in sub-blocks of kSubQueries columns: at head dim 128 the S^T and
+      // dP^T of all 64 would not fit in registers next to dK and dV.
+#pragma unroll 1
+      for (int sub = 0; sub < kBlockM; sub += kSubQueries) {
+        const uint32_t sub_bytes = sub * kStride * int(sizeof(Element));  // row offset in Q, dO
+        float pt[1][kSubTiles][4];
+        warp_qk<Element, 1, kSubTiles, kKSteps, kStride>(pt, k_a, q_b + sub_bytes);
+#pragma unroll
+        for (int t = 0; t < kSubTiles; ++t) {
+          const int col = sub + t * 8 + col0;
+          const float2 lse = *reinterpret_cast<const float2*>(smem.lse + col);
+          const float lse_log2[2] = {lse.x * kLog2e, lse.y * kLog2e};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = pt[0][t][e] * scale_log2 - lse_log2[e & 1];
+            if (needs_mask && col + (e & 1) < first_visible[e / 2]) x = -INFINITY;
+            pt[0][t][e] = fast_exp2(x);
+          }
+        }
+        warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dv, pt, do_trans + sub * kStride);
+
+        float dst[1][kSubTiles][4];  // dP^T, then dS^T
+        warp_qk<Element, 1, kSubTiles, kKSteps, kStride>(dst, v_a, do_b + sub_bytes);
+#pragma unroll
+        for (int t = 0; t < kSubTiles; ++t) {
+          const float2 delta = *reinterpret_cast<const float2*>(smem.delta + sub + t * 8 + col0);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            dst[0][t][e] = pt[0][t][e] * (dst[0][t][e] - ((e & 1) ? delta.y : delta.x));
+          }
+        }
+        warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dk, dst, q_trans + sub * kStride);
+
+        if constexpr (kAtomicDq) {
+          // dS^T rows of the warp's keys into the [key][query] tile: a lane writes 32-bit
+          // pairs; with a 36-word row pitch the 8 rows g land 4 banks apart (32 banks a warp).
+#pragma unroll
+          for (int t = 0; t < kSubTiles; ++t) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = 16 * warp + 8 * half + lane / 4;
+              *reinterpret_cast<uint32_t*>(smem.ds + row * Cfg::kDsStride + sub + t * 8 + col0) =
+                  pack<Element>(dst[0][t][2 * half], dst[0][t][2 * half + 1]);
+            }
+          }
+        }
+      }
+      // The whole dS tile is written, and every warp is done with this step's Q, dO, lse and
+      // D: the next step's copies overlap the dQ atomics.
+      __syncthreads();
+      if (step + 1 < steps) load_step(step + 1);
+      if constexpr (kAtomicDq) {
+        accumulate_dq<Element, kHeadDim>(smem, dq_accum + (row_base + m_begin) * kHeadDim, rows,
+                                         warp, lane);
+      }
+    }
+  }
+
+  cp_async_wait<0>();  // with no step the K/V copies must land before the tiles are reused
+  __syncthreads();     // every warp is done reading K and V
+  // dK (times the softmax scale) and dV of the warp's keys, staged in its own rows of K and V.
+  const int warp_keys = max(0, min(16, keys - 16 * warp));
+  const int64_t dk_row = p.dk_row_stride * f.kv_stride;  // logical key n is physical row n * s
+  const int64_t dv_row = p.dv_row_stride * f.kv_stride;
+  Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride +
+                    (n_begin + 16 * warp) * dk_row;
+  Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride +
+                    (n_begin + 16 * warp) * dv_row;
+  store_warp_tile<Element, kHeadDim, kStride>(dk, static_cast<float>(p.scale),
+                                              smem.k + 16 * warp * kStride, dk_out, dk_row,
+                                              warp_keys, lane);
+  store_warp_tile<Element, kHeadDim, kStride>(dv, 1.f, smem.v + 16 * warp * kStride, dv_out, dv_row,
+                                              warp_keys, lane);
+
+  // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients.
+  if (f.kv_stride > 1) {
+    const int64_t first_row = n_begin * f.kv_stride;
+    const int64_t end_row = min((n_begin + kBlockN) * f.kv_stride, p.seqlen_k);
+    Element* dk_head =
+        static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+    Element* dv_head =
+        static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+    const Element zero_value = Element(0.f);
+    for (int64_t i = thread; i < (end_row - first_row) * kHeadDim; i += kThreads) {
+      const int64_t row = first_row + i / kHeadDim;
+      const int64_t col = i % kHeadDim;
+      if (row % f.kv_stride != 0) {
+        dk_head[row * p.dk_row_stride + col] = zero_value;
+        dv_head[row * p.dv_row_stride + col] = zero_value;
+      }
+    }
+  }
+}
+
+// Deterministic dQ: one block per (batch, head, 64 queries); warp w owns query rows
+// [16w, 16w + 16) and sums dS K over the visible key blocks in order, in registers.
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) {
+  using Cfg = BackwardConfig<kHeadDim>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kStride = Cfg::kRowStride;
+  constexpr int kNTiles = kBlockN / 8;
+  constexpr int kDTiles = Cfg::kDTiles;
+  constexpr int kKSteps = Cfg::kKSteps;
+  const detail::ForwardKernelParams& f = p.fwd;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const BackwardSmem<Element, kHeadDim> smem(shared_bytes);
+
+  const int64_t num_m_blocks = (f.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t m_block = num_m_blocks - 1 - blockIdx.x % num_m_blocks;
+  const int64_t batch_head = blockIdx.x / num_m_blocks;
+  const int64_t b = batch_head / f.heads_q;
+  const int64_t h = batch_head % f.heads_q;
+  const int64_t h_kv = h / f.group_size;
+  const int64_t m_begin = m_block * kBlockM;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
+  const int64_t key_end = block_key_end(f, m_begin, rows);
+  const int64_t n_blocks = (key_end + kBlockN - 1) / kBlockN;
+
+  load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
+      smem.q,
+      static_cast<const Element*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride +
+          m_begin * f.q_row_stride,
+      f.q_row_stride, rows);
+  load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(
+      smem.dout,
+      static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+          m_begin * p.do_row_stride,
+      p.do_row_stride, rows);
+  cp_async_commit();
+  const Element* k =
+      static_cast<const Element*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
+  const Element* v =
+      static_cast<const Element*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int col0 = 2 * (lane % 4);
+  const uint32_t q_a =
+      shared_address(smem.q + 16 * warp * kStride + q_lane_offset<Element, kStride>(lane));
+  const uint32_t do_a =
+      shared_address(smem.dout + 16 * warp * kStride + q_lane_offset<Element, kStride>(lane));
+  const uint32_t k_b = shared_address(smem.k + k_lane_offset<Element, kStride>(lane));
+  const uint32_t v_b = shared_address(smem.v + k_lane_offset<Element, kStride>(lane));
+  const Element* k_trans = smem.k + v_lane_offset<Element, kStride>(lane);
+
+  // The lane's rows g and g + 8: lse * log2(e), D and the number of keys they see (relative to
+  // key_end, as in the forward). Padding rows get P = 0 through lse = +inf.
+  const int64_t row_base = (b * f.heads_q + h) * f.seqlen_q + m_begin;
+  float lse_log2[2], delta[2];
+  int key_gap[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * warp + 8 * half + lane / 4;
+    // lse and D exist only when some key does (lse may be null otherwise).
+    const bool real = row < rows && n_blocks > 0;
+    lse_log2[half] = real ? static_cast<const float*>(f.lse)[row_base + row] * kLog2e : INFINITY;
+    delta[half] = real ? static_cast<const float*>(p.delta)[row_base + row] : 0.f;
+    key_gap[half] = static_cast<int>(key_end - row_key_end(f, m_begin + row));
+  }
+  const float scale_log2 = static_cast<float>(f.scale_log2);
+
+  float dq[1][kDTiles][4];
+  zero(dq);
+  for (int64_t n_block = 0; n_block < n_blocks; ++n_block) {
+    const int64_t n_begin = n_block * kBlockN;
+    const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
+    __syncthreads();  // every warp is done with the previous K and V
+    load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.k, k + n_begin * f.k_row_stride,
+                                                          f.k_row_stride, keys);
+    load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.v, v + n_begin * f.v_row_stride,
+                                                          f.v_row_stride, keys);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float s[1][kNTiles][4];
+    warp_qk<Element, 1, kNTiles, kKSteps, kStride>(s, q_a, k_b);
+    const bool needs_mask = n_begin + kBlockN > f.kept_keys ||
+                            (f.causal && (n_begin + kBlockN - 1) * f.kv_stride > m_begin);
+    const int block_keys = static_cast<int>(min(key_end - n_begin, int64_t{kBlockM + kBlockN}));
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[0][t][e] * scale_log2 - lse_log2[e / 2];
+        if (needs_mask && t * 8 + col0 + (e & 1) >= block_keys - key_gap[e / 2]) x = -INFINITY;
+        s[0][t][e] = fast_exp2(x);
+      }
+    }
+    float ds[1][kNTiles][4];  // dP, then dS
+    warp_qk<Element, 1, kNTiles, kKSteps, kStride>(ds, do_a, v_b);
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[0][t][e] = s[0][t][e] * (ds[0][t][e] - delta[e / 2]);
+    }
+    warp_pv<Element, 1, kNTiles, kDTiles, kStride>(dq, ds, k_trans);
+  }
+
+  // With no key block the Q/dO copies (issued by every thread for every row) must land before
+  // a warp overwrites its Q rows.
+  cp_async_wait<0>();
+  __syncthreads();
+  const int warp_rows = max(0, min(16, rows - 16 * warp));
+  Element* dq_out = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                    (m_begin + 16 * warp) * p.dq_row_stride;
+  store_warp_tile<Element, kHeadDim, kStride>(dq, static_cast<float>(p.scale),
+                                              smem.q + 16 * warp * kStride, dq_out, p.dq_row_stride,
+                                              warp_rows, lane);
+}
+
+// The kernel bodies exist only for sm80+ (cp.async, bf16 mma); the host never launches them on
+// older devices, and an sm75 build traps instead of silently writing nothing.
+template <typename Element, int kHeadDim, bool kAtomicDq>
+__global__ void __launch_bounds__(BackwardConfigBase::kThreads, BackwardConfigBase::kMinBlocksPerSm)
+    backward_dkdv_kernel(const __grid_constant__ detail::BackwardKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  dkdv_block<Element, kHeadDim, kAtomicDq>(p);
+#else
+  __trap();
+#endif
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(BackwardConfigBase::kThreads, BackwardConfigBase::kMinBlocksPerSm)
+    backward_dq_kernel(const __grid_constant__ detail::BackwardKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  dq_block<Element, kHeadDim>(p);
+#else
+  __trap();
+#endif
+}
+
+// dq = scale * dq_accum, rounded to the element type; the accumulator is contiguous
+// (batch, heads_q, seqlen_q, head_dim), dq has arbitrary row/head/batch strides.
+inline constexpr int kConvertThreads = 256;
+
+template <typename Element>
+__global__ void __launch_bounds__(kConvertThreads)
+    backward_dq_convert_kernel(const __grid_constant__ detail::BackwardKernelParams p) {
+  const detail::ForwardKernelParams& f = p.fwd;
+  const int64_t dim = f.head_dim;
+  const int64_t total = f.batch * f.heads_q * f.seqlen_q * dim;
+  const float scale = static_cast<float>(p.scale);
+  const float* accum = static_cast<const float*>(p.dq_accum);
+  Element* dq = static_cast<Element*>(p.dq);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kConvertThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x; i < total;
+       i += step) {
+    const int64_t col = i % dim;
+    const int64_t row = i / dim;  // (b * heads_q + h) * seqlen_q + query
+    const int64_t query = row % f.seqlen_q;
+    const int64_t bh = row / f.seqlen_q;
+    const int64_t offset = bh / f.heads_q * p.dq_batch_stride + bh % f.heads_q * p.dq_head_stride +
+                           query * p.dq_row_stride + col;
+    dq[offset] = Element(accum[i] * scale);
+  }
+}
+
+}  // namespace samattn::tensor_core
