@@ -23,13 +23,13 @@ std::string supported_head_dims() {
   return list;
 }
 
-// TMA reads tiles through a descriptor whose base address must be 16-byte aligned and whose
-// strides (those of dimensions longer than 1; the launcher replaces the others) must be
-// multiples of 16 bytes below 2^40. The output is written with 4-byte stores; it is held to the
-// same rule so one check covers all four tensors. Returns "" or what is wrong.
+// TMA reads q, k and v through descriptors whose base address must be 16-byte aligned and whose
+// strides (those of dimensions longer than 1; the launcher replaces the others) must be positive
+// multiples of 16 bytes below 2^40 (`via_tma`). The output is written with plain 4-byte stores
+// and only needs the 16-byte multiples of the sm80 path. Returns "" or what is wrong.
 std::string misalignment(const char* name, const void* pointer, const Strides& strides,
                          int64_t row_stride, int64_t batch, int64_t heads, int64_t rows,
-                         int element_bytes) {
+                         int element_bytes, bool via_tma) {
   constexpr int64_t kAlign = 16;
   constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
   if (reinterpret_cast<uintptr_t>(pointer) % kAlign != 0) {
@@ -44,7 +44,7 @@ std::string misalignment(const char* name, const void* pointer, const Strides& s
   for (const auto& step : steps) {
     if (step.extent <= 1) continue;
     const int64_t bytes = step.stride * element_bytes;
-    if (bytes % kAlign != 0 || bytes <= 0 || bytes >= kMaxStrideBytes) {
+    if (bytes % kAlign != 0 || (via_tma && (bytes <= 0 || bytes >= kMaxStrideBytes))) {
       return detail::concat(name, " ", step.what, " stride ", step.stride,
                             " elements (TMA needs a positive multiple of 16 bytes below 2^40)");
     }
@@ -91,15 +91,19 @@ Status supports(const AttentionParams& p) {
     return unsupported(
         detail::concat("extents above ", kMaxExtent, " (TMA coordinates are 32-bit)"));
   }
+  // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
   const int64_t keys = detail::strided_key_count(p);
   const std::string misaligned[] = {
-      misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q, bytes),
-      misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch, p.heads_kv, keys,
-                   bytes),
-      misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch, p.heads_kv, keys,
-                   bytes),
+      misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q, bytes,
+                   true),
+      keys == 0 ? ""
+                : misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch,
+                               p.heads_kv, keys, bytes, true),
+      keys == 0 ? ""
+                : misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch,
+                               p.heads_kv, keys, bytes, true),
       misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q, p.seqlen_q,
-                   bytes)};
+                   bytes, false)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }

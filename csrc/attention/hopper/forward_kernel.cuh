@@ -143,12 +143,13 @@ __device__ __forceinline__ auto accumulator_as_a_operand(AccLayout acc) {
                      get<2, 1>(values));
 }
 
-// One warpgroup GEMM C (+)= A B over all k-blocks, waited for. The operand fences after the
-// wait keep the compiler from touching C (or a register A) while the tensor cores still own
-// them: a wgmma's register operands are only defined once wgmma.wait_group returns.
+// Issues one warpgroup GEMM C (+)= A B over all k-blocks as one wgmma group; with kWait, also
+// waits for it. Without, the caller waits (warpgroup_wait<n>) and then fences C (and a register
+// A) with finish_operands: a wgmma's register operands belong to the tensor cores until
+// wgmma.wait_group returns, and the fences keep the compiler from touching them before.
 // kAInRegisters: A is a register fragment, not shared-memory descriptors.
-template <bool kZeroInit, bool kAInRegisters, typename TiledMma, typename TA, typename TB,
-          typename TC>
+template <bool kZeroInit, bool kAInRegisters, bool kWait, typename TiledMma, typename TA,
+          typename TB, typename TC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA& a, const TB& b, TC& c) {
   using namespace cute;
   if constexpr (kAInRegisters) warpgroup_fence_operand(a);
@@ -161,9 +162,11 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA& a, const TB& b
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kAInRegisters) warpgroup_fence_operand(a);
+  if constexpr (kWait) {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(c);
+    if constexpr (kAInRegisters) warpgroup_fence_operand(a);
+  }
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -289,18 +292,12 @@ __device__ __forceinline__ void consumer(
   float row_sum[2] = {0.f, 0.f};  // this thread's part; the quad holds the rest
   clear(tOrO);
 
-  shared.barrier_q.wait(0);
-  typename Traits::PipelineState state;
-  for (int n_block = n_blocks - 1; n_block >= 0; --n_block) {
-    pipeline_k.consumer_wait(state);
-    warpgroup_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_s, tSrQ,
-                                                                tSrK(_, _, _, state.index()), tSrS);
-    pipeline_k.consumer_release(state);
-
+  // Scales the scores of key block n_block (in tSrS) to the log2 domain and masks the keys its
+  // rows must not see (only blocks that cross the end of the keys or the causal diagonal).
+  auto scale_and_mask = [&](int n_block) {
     const int64_t n_begin = int64_t{n_block} * kBlockN;
     CUTE_UNROLL
     for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-    // Only blocks that cross the end of the keys or the causal diagonal pay for the mask.
     const bool needs_mask = n_begin + kBlockN > p.kept_keys ||
                             (p.causal && (n_begin + kBlockN - 1) * p.kv_stride > m_begin);
     if (needs_mask) {
@@ -315,9 +312,10 @@ __device__ __forceinline__ void consumer(
         if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
       }
     }
-
-    // Online softmax in the log2 domain.
-    float rescale[2];
+  };
+  // Online softmax in the log2 domain: tSrS becomes exp2(s - max), the statistics take the
+  // block in, and rescale[r] is the factor for row r's earlier output.
+  auto softmax = [&](float(&rescale)[2]) {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       float block_max = -INFINITY;
@@ -340,19 +338,57 @@ __device__ __forceinline__ void consumer(
       tSrS(i) = fast_exp2(tSrS(i) - shift);
       row_sum[r] += tSrS(i);
     }
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
-    uint32_t* p_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+  };
+  uint32_t* p_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+  auto convert_p = [&]() {
     CUTE_UNROLL
     for (int i = 0; i < size(tSrS) / 2; ++i) {
       p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
     }
+  };
 
+  shared.barrier_q.wait(0);
+  typename Traits::PipelineState state;
+  if (n_blocks > 0) {
+    // The first (last in key order) block: S, softmax, P; O is still zero.
+    int n_block = n_blocks - 1;
+    pipeline_k.consumer_wait(state);
+    warpgroup_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false, /*kWait=*/true>(
+        mma_s, tSrQ, tSrK(_, _, _, state.index()), tSrS);
+    pipeline_k.consumer_release(state);
+    scale_and_mask(n_block);
+    float rescale[2];
+    softmax(rescale);
+    convert_p();
+    // Each further block: issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; the softmax of S_j
+    // runs while the tensor cores still work on the second GEMM.
+    for (--n_block; n_block >= 0; --n_block) {
+      typename Traits::PipelineState next = state;
+      ++next;
+      pipeline_k.consumer_wait(next);
+      warpgroup_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false, /*kWait=*/false>(
+          mma_s, tSrQ, tSrK(_, _, _, next.index()), tSrS);
+      pipeline_v.consumer_wait(state);
+      warpgroup_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true, /*kWait=*/false>(
+          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO);
+      warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
+      warpgroup_fence_operand(tSrS);
+      pipeline_k.consumer_release(next);
+      scale_and_mask(n_block);
+      softmax(rescale);
+      warpgroup_wait<0>();  // O += P_{j-1} V_{j-1} has landed
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      pipeline_v.consumer_release(state);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
+      convert_p();
+      state = next;
+    }
     pipeline_v.consumer_wait(state);
-    warpgroup_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(
+    warpgroup_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true, /*kWait=*/true>(
         mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO);
     pipeline_v.consumer_release(state);
-    ++state;
   }
 
   // Normalise and store. A row that saw no key (sum 0) gets zeros and lse = -inf; a NaN sum

@@ -57,10 +57,17 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
 
   auto q = detail_launch::gmem_tensor<Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-  auto k = detail_launch::gmem_tensor<Element>(p.k, p.kept_keys, kHeadDim, heads_kv, p.batch,
-                                               p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-  auto v = detail_launch::gmem_tensor<Element>(p.v, p.kept_keys, kHeadDim, heads_kv, p.batch,
-                                               p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  // With no kept keys the kernel loads no K/V tile, and k/v may be empty allocations (null, or
+  // zero strides): their descriptors then describe q instead, which is valid and never read.
+  const bool no_keys = p.kept_keys == 0;
+  auto k = no_keys ? q
+                   : detail_launch::gmem_tensor<Element>(p.k, p.kept_keys, kHeadDim, heads_kv,
+                                                         p.batch, p.k_row_stride, p.k_head_stride,
+                                                         p.k_batch_stride);
+  auto v = no_keys ? q
+                   : detail_launch::gmem_tensor<Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
+                                                         p.batch, p.v_row_stride, p.v_head_stride,
+                                                         p.v_batch_stride);
   HopperForwardParams<Element, kHeadDim> params{
       p,
       q.shape(),
