@@ -11,8 +11,10 @@
 //      -> scale by softmax_scale * log2(e), mask, online softmax with exp2 in registers
 //      -> O += P V (wgmma, P rounded to the operand type and fed from registers as the A
 //         operand: the accumulator fragment of S is already the A fragment layout).
-//    K and V have separate pipelines, so Q K^T starts as soon as K lands. The two consumer
-//    warpgroups run independently: one's softmax overlaps the other's wgmma.
+//    K and V have separate pipelines, so Q K^T starts as soon as K lands. Within a warpgroup
+//    the softmax of block j overlaps the tensor cores' O += P_{j-1} V_{j-1}: both GEMMs are
+//    issued back to back and only S_j is waited for (wgmma.wait_group 1) before the softmax.
+//    The two consumer warpgroups run independently (no ping-pong barriers yet).
 // Key blocks are walked from the last to the first, as in the sm80 kernel, so the blocks that
 // need masking (the end of the keys, the causal diagonal) come first. Rows and keys past the
 // tensors' ends are zero-filled by TMA; keys past the end are masked with -inf, rows past the
