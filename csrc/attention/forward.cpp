@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attention/hopper/forward_launch.h"
 #include "attention/kernel_params.h"
 #include "attention/simt/forward_launch.h"
 #include "attention/tensor_core/forward_launch.h"
@@ -22,6 +23,12 @@ bool simt_forced_by_environment() {
 
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
+  if (params.backend == Backend::kHopper) {
+    const Status hopper = hopper::supports(params);
+    SAMATTN_CHECK(hopper.ok(), hopper.message());
+    return Backend::kHopper;
+  }
+  if (params.backend == Backend::kAuto && hopper::supports(params).ok()) return Backend::kHopper;
   const Status tensor_core = tensor_core::supports(params);
   if (params.backend == Backend::kTensorCore) {
     SAMATTN_CHECK(tensor_core.ok(), tensor_core.message());
@@ -35,7 +42,9 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   if (detail::output_rows(params) == 0) return;
   const Backend backend = select_backend(params);
   const detail::ForwardKernelParams kernel_params = detail::make_forward_kernel_params(params);
-  if (backend == Backend::kTensorCore) {
+  if (backend == Backend::kHopper) {
+    hopper::dispatch_forward(params.dtype, kernel_params, stream);
+  } else if (backend == Backend::kTensorCore) {
     tensor_core::dispatch_forward(params.dtype, kernel_params, stream);
   } else {
     simt::dispatch_forward(params.dtype, kernel_params, stream);

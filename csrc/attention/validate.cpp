@@ -46,7 +46,7 @@ bool is_known_dtype(DType dtype) {
 
 bool is_known_backend(Backend backend) {
   return backend == Backend::kAuto || backend == Backend::kSimt ||
-         backend == Backend::kTensorCore;
+         backend == Backend::kTensorCore || backend == Backend::kHopper;
 }
 
 }  // namespace
@@ -55,7 +55,7 @@ void validate_forward_params(const AttentionParams& p) {
   SAMATTN_CHECK(is_known_dtype(p.dtype), "dtype ", static_cast<int>(p.dtype),
                 " is not one of float64, float32, float16, bfloat16");
   SAMATTN_CHECK(is_known_backend(p.backend), "backend ", static_cast<int>(p.backend),
-                " is not one of auto, simt, tensor_core");
+                " is not one of auto, simt, tensor_core, hopper");
   SAMATTN_CHECK(p.batch >= 0, "batch must be >= 0, got ", p.batch);
   SAMATTN_CHECK(p.heads_q >= 1, "heads_q must be >= 1, got ", p.heads_q);
   SAMATTN_CHECK(p.heads_kv >= 1, "heads_kv must be >= 1, got ", p.heads_kv);

@@ -111,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
   return {dq, dk, dv};
 }
 
-// The name of the kernel family that would run this call ("simt" or "tensor_core").
+// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper").
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend) {

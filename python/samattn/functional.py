@@ -27,7 +27,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     kv_stride: strided attention, query i sees only keys j with j % kv_stride == 0.
     return_lse: also return the natural-log log-sum-exp of each row, (B, Hq, Sq), float32
     (float64 for float64 inputs); a row that sees no key has lse -inf and output 0.
-    backend: "auto" (fastest available), "simt" or "tensor_core".
+    backend: "auto" (fastest available), "simt", "tensor_core" (sm80+ mma.sync) or
+        "hopper" (sm_90a wgmma + TMA; fp16/bf16 on compute capability 9.0).
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
 
@@ -50,7 +51,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                      kv_stride: int = 1, backend: str = "auto") -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors on this GPU:
-    "simt" or "tensor_core". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is honoured."""
+    "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is honoured."""
     return ops.selected_backend(q, k, v, causal, kv_stride, backend)
 
 

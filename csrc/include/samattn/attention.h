@@ -17,9 +17,11 @@
 
 namespace samattn {
 
-// Which implementation runs a call. kAuto picks the fastest one that supports the call. The
-// environment variable SAMATTN_FORCE_SIMT=1 makes every call run kSimt (a debugging switch).
-enum class Backend : int { kAuto, kSimt, kTensorCore };
+// Which implementation runs a call. kAuto picks the fastest one that supports the call: kHopper
+// (sm_90a wgmma + TMA, fp16/bf16, on compute capability 9.0 when the build has it), else
+// kTensorCore (sm80+ mma.sync), else kSimt. The environment variable SAMATTN_FORCE_SIMT=1 makes
+// every call run kSimt (a debugging switch).
+enum class Backend : int { kAuto, kSimt, kTensorCore, kHopper };
 
 const char* backend_name(Backend backend);
 
