@@ -5,6 +5,7 @@
 #include "attention/backward_kernel_params.h"
 #include "attention/simt/backward_launch.h"
 #include "attention/validate.h"
+#include "attention/varlen.h"
 #include "samattn/attention.h"
 
 namespace samattn {
@@ -55,7 +56,19 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
-  simt::dispatch_backward(p.dtype, make_backward_kernel_params(params), stream);
+  if (!p.mask.is_varlen()) {
+    simt::dispatch_backward(p.dtype, make_backward_kernel_params(params), stream);
+    return;
+  }
+  // One dense sequence at a time (attention/varlen.h); the workspace is reused in stream order.
+  for (const detail::VarlenSequence& s : detail::read_varlen_sequences(p, stream)) {
+    if (s.seqlen_q == 0 && s.seqlen_k == 0) continue;
+    detail::BackwardKernelParams kernel_params =
+        make_backward_kernel_params(detail::sequence_backward_params(params, s));
+    kernel_params.fwd.lse_batch_stride = 0;
+    kernel_params.fwd.lse_head_stride = p.mask.total_q;  // lse is (Hq, total_q)
+    simt::dispatch_backward(p.dtype, kernel_params, stream);
+  }
 }
 
 }  // namespace samattn

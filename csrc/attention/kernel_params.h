@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "attention/mask_policy.h"
 #include "samattn/attention.h"
 
 namespace samattn::detail {
@@ -28,9 +29,22 @@ struct ForwardKernelParams {
   int head_dim, head_dim_v;
   double scale_log2;  // softmax_scale * log2(e): scores go through exp2
   bool causal;
+
+  // lse element (b, h, i) lives at b * lse_batch_stride + h * lse_head_stride + i: (B, Hq, Sq)
+  // contiguous, or a slice of a varlen (Hq, total_q) array.
+  int64_t lse_batch_stride, lse_head_stride;
+
+  // Masks (attention/mask_policy.h): the structural policy (causal, window, pattern) at
+  // physical positions (logical key n is position n * kv_stride), and the optional element mask
+  // tensor indexed by (b, query head, query, position).
+  MaskPolicy policy;
+  bool has_policy;  // false: only causal and kv_stride hide keys (the original fast checks)
+  const void* mask;
+  MaskDType mask_dtype;
+  int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
 };
 
-// Derives the kernel parameters from validated AttentionParams (strides with kv_stride folded
+// Derives the kernel parameters from validated, non-varlen AttentionParams (strides with kv_stride folded
 // in, kept key count, log2-scaled softmax scale).
 ForwardKernelParams make_forward_kernel_params(const AttentionParams& params);
 

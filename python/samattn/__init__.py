@@ -9,10 +9,12 @@ from samattn._ops import ops
 from samattn.functional import (
     attention,
     fused_attention,
+    fused_attention_with_mask,
     scaled_dot_product_attention,
     selected_backend,
     self_attention,
     strided_attention,
+    varlen_attention,
 )
 
 __version__ = "0.1.0"
@@ -20,10 +22,12 @@ __version__ = "0.1.0"
 __all__ = [
     "attention",
     "fused_attention",
+    "fused_attention_with_mask",
     "nn",
     "ops",
     "scaled_dot_product_attention",
     "selected_backend",
     "self_attention",
     "strided_attention",
+    "varlen_attention",
 ]

@@ -56,13 +56,17 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int col = 0; col < kTO; ++col) dq[i][col] = 0;
 
-  const int64_t key_end = visible_key_end(f, c);
+  const LogicalKeyRange key_range = visible_keys(f, c);
+  const int64_t key_end = key_range.end;
   QueryRowStats<Acc> stats[kTM];
   if (key_end > 0) {
 #pragma unroll
     for (int i = 0; i < kTM; ++i) stats[i] = load_row_stats<Acc>(p, c.b, c.h, c.m_begin + row0 + i);
   }
-  for (int64_t n_begin = 0; n_begin < key_end; n_begin += kBlockN) {
+  for (int64_t n_begin = key_range.begin; n_begin < key_end; n_begin += kBlockN) {
+    const detail::BlockClass block_class =
+        classify_key_block(f, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+    if (block_class == detail::BlockClass::kSkip) continue;  // uniform over the block
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
     const Element* k_block = k + n_begin * f.k_row_stride;
     const Element* v_block = v + n_begin * f.v_row_stride;
@@ -80,14 +84,15 @@ __global__ void __launch_bounds__(
         ds, &row_tile[0][0], &key_tile[0][0], dout, p.do_row_stride, c.rows, v_block,
         f.v_row_stride, keys, f.head_dim_v, row0, key0);
 
-    const bool needs_mask = block_needs_mask(f, c, n_begin, kBlockN, key_end);
+    const bool needs_mask = block_class != detail::BlockClass::kFull;
 #pragma unroll
     for (int i = 0; i < kTM; ++i) {
 #pragma unroll
       for (int j = 0; j < kTN; ++j) {
         score[i][j] *= scale_log2;
-        if (needs_mask && key_hidden(f, c.m_begin + row0 + i, n_begin + key0 + j)) {
-          score[i][j] = negative_infinity<Acc>();
+        if (needs_mask) {
+          score[i][j] = masked_score<Acc>(f, c.b, c.h, c.m_begin + row0 + i, n_begin + key0 + j,
+                                          key_end, score[i][j]);
         }
         probability_and_ds(score[i][j], ds[i][j], stats[i]);
         // Safe without a barrier: ds_tile's last readers (the previous block's dS K) finished

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention/kernel_params.h"
+#include "attention/mask_policy.cuh"
 #include "attention/simt/numeric.cuh"
 
 namespace samattn::simt {
@@ -32,21 +33,11 @@ __device__ __forceinline__ BlockCoord block_coord(const detail::ForwardKernelPar
   return c;
 }
 
-// Number of logical keys any row of the query block can see.
-__device__ __forceinline__ int64_t visible_key_end(const detail::ForwardKernelParams& p,
-                                                   const BlockCoord& c) {
-  if (!p.causal) return p.kept_keys;
-  const int64_t last_visible = (c.m_begin + c.rows - 1) / p.kv_stride;
-  return last_visible + 1 < p.kept_keys ? last_visible + 1 : p.kept_keys;
-}
-
-// True when some key of [n_begin, n_begin + block_n) is hidden from some row of the block, so
-// only blocks on the causal diagonal or at the end of the keys pay for masking.
-__device__ __forceinline__ bool block_needs_mask(const detail::ForwardKernelParams& p,
-                                                 const BlockCoord& c, int64_t n_begin,
-                                                 int block_n, int64_t key_end) {
-  return n_begin + block_n > key_end ||
-         (p.causal && (n_begin + block_n - 1) * p.kv_stride > c.m_begin);
+// The logical keys any row of the query block can see (causal, window), clipped to the kept
+// keys.
+__device__ __forceinline__ LogicalKeyRange visible_keys(const detail::ForwardKernelParams& p,
+                                                        const BlockCoord& c) {
+  return visible_logical_keys(p, c.m_begin, c.rows);
 }
 
 // One thread's share of the online softmax: kTM query rows, kTN keys of each key block, kTO
@@ -67,16 +58,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // Sets hidden scores to -inf: keys past key_end, and (causal) keys after the query.
+  // Sets hidden scores to -inf (keys past key_end, causal, window, pattern) and adds the
+  // element mask (mask_policy.cuh). Only called for partial blocks.
   __device__ __forceinline__ void mask(Acc (&score)[kTM][kTN], const detail::ForwardKernelParams& p,
-                                       int64_t first_query, int64_t first_key, int64_t key_end) {
+                                       const BlockCoord& c, int64_t first_query, int64_t first_key,
+                                       int64_t key_end) {
 #pragma unroll
     for (int i = 0; i < kTM; ++i) {
 #pragma unroll
       for (int j = 0; j < kTN; ++j) {
-        const int64_t key = first_key + j;
-        const bool hidden = key >= key_end || (p.causal && key * p.kv_stride > first_query + i);
-        if (hidden) score[i][j] = negative_infinity<Acc>();
+        score[i][j] = masked_score<Acc>(p, c.b, c.h, first_query + i, first_key + j, key_end,
+                                        score[i][j]);
       }
     }
   }
@@ -141,7 +133,7 @@ struct OnlineSoftmax {
         const Acc lse = total == Acc(0)
                             ? negative_infinity<Acc>()
                             : (row_max[i] + log2_acc(total)) * static_cast<Acc>(kLn2);
-        static_cast<Acc*>(p.lse)[(c.b * p.heads_q + c.h) * p.seqlen_q + query] = lse;
+        static_cast<Acc*>(p.lse)[c.b * p.lse_batch_stride + c.h * p.lse_head_stride + query] = lse;
       }
     }
   }

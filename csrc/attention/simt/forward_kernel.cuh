@@ -50,8 +50,13 @@ __global__ void __launch_bounds__(
 
   OnlineSoftmax<Acc, kTM, kTN, kTO> state;
   state.init();
-  const int64_t key_end = visible_key_end(p, c);
-  for (int64_t n_begin = 0; n_begin < key_end; n_begin += kBlockN) {
+  const LogicalKeyRange key_range = visible_keys(p, c);
+  const int64_t key_end = key_range.end;
+  for (int64_t n_begin = key_range.begin; n_begin < key_end; n_begin += kBlockN) {
+    // Uniform over the block: a key block nobody in it sees costs nothing.
+    const detail::BlockClass block_class =
+        classify_key_block(p, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+    if (block_class == detail::BlockClass::kSkip) continue;
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
     const Element* k_block = k + n_begin * p.k_row_stride;
 
@@ -83,8 +88,8 @@ __global__ void __launch_bounds__(
     for (int i = 0; i < kTM; ++i)
 #pragma unroll
       for (int j = 0; j < kTN; ++j) score[i][j] *= scale_log2;
-    if (block_needs_mask(p, c, n_begin, kBlockN, key_end)) {
-      state.mask(score, p, c.m_begin + row0, n_begin + key0, key_end);
+    if (block_class != detail::BlockClass::kFull) {
+      state.mask(score, p, c, c.m_begin + row0, n_begin + key0, key_end);
     }
     state.update(score);
 #pragma unroll
