@@ -76,6 +76,48 @@ __device__ __forceinline__ LogicalKeyRange visible_logical_keys(
   return {begin, end};
 }
 
+// True when partial blocks take their mask from a shared-memory tile (fill_mask_tile): any
+// window, pattern or element mask. Causal and kv_stride alone keep the inline check
+// (causal_hidden), which costs no barrier and no shared memory.
+__device__ __forceinline__ bool uses_mask_tile(const detail::ForwardKernelParams& p) {
+  return p.has_policy || p.mask != nullptr;
+}
+
+// The inline check of the plain path: past key_end, or after the query under causal.
+__device__ __forceinline__ bool causal_hidden(const detail::ForwardKernelParams& p, int64_t query,
+                                              int64_t key, int64_t key_end) {
+  return key >= key_end || (p.causal && key * p.kv_stride > query);
+}
+
+// score + term, but exactly -inf for a hidden key (term -inf) even when the score is NaN or
+// +inf, as the reference skips hidden keys altogether.
+template <typename Acc>
+__device__ __forceinline__ Acc masked_add(Acc score, Acc term) {
+  return term == negative_infinity<Acc>() ? term : score + term;
+}
+
+// Writes the mask term (log2 domain: -inf, 0 or the additive value) of every pair of query rows
+// [m_begin, m_begin + rows) (rows <= kRows) and logical keys [n_begin, n_begin + kKeys) into a shared tile,
+// pair (row, key) at tile[row * kRowStride + key * kKeyStride]. The whole block calls it, between
+// barriers; consecutive threads walk the tile's contiguous dimension. Done cooperatively and in
+// a rolled loop on purpose: evaluated per element inside the kernels' unrolled score tiles, the
+// window/pattern arithmetic and mask loads cost 50-60 registers.
+template <typename Acc, int kRows, int kKeys, int kRowStride, int kKeyStride, int kThreads>
+__device__ __forceinline__ void fill_mask_tile(Acc* tile, const detail::ForwardKernelParams& p,
+                                               int64_t b, int64_t h, int64_t m_begin,
+                                               int rows, int64_t n_begin, int64_t key_end) {
+  static_assert(kRowStride == 1 || kKeyStride == 1, "one dimension of the tile is contiguous");
+#pragma unroll 1
+  for (int e = threadIdx.x; e < kRows * kKeys; e += kThreads) {
+    const int row = kRowStride == 1 ? e % kRows : e / kKeys;
+    const int key = kRowStride == 1 ? e / kRows : e % kKeys;
+    // Rows past the block's valid queries are never read from the mask tensor.
+    tile[row * kRowStride + key * kKeyStride] =
+        row < rows ? masked_score<Acc>(p, b, h, m_begin + row, n_begin + key, key_end, Acc(0))
+                   : negative_infinity<Acc>();
+  }
+}
+
 // Skip / partial / full for logical keys [n_begin, n_begin + block_n) and query rows
 // [m_begin, m_begin + rows): partial whenever an element mask is present, a key is past key_end,
 // or the policy hides some pair.

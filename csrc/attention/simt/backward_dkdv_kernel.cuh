@@ -84,7 +84,10 @@ __device__ __forceinline__ QueryRange visible_queries(const detail::ForwardKerne
   return {begin, end};
 }
 
-template <typename Element, int kHeadDimBucket>
+// kMasked: windows, patterns and element masks, as in the forward's chunked kernel (query
+// blocks classified by the mask policy and skipped when they see none of the keys, a shared mask
+// tile for partial blocks); a separate instantiation so the unmasked kernel keeps its registers.
+template <typename Element, int kHeadDimBucket, bool kMasked>
 __global__ void __launch_bounds__(
     BackwardDkDvConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kThreads,
     BackwardDkDvConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kMinBlocks)
@@ -127,8 +130,12 @@ __global__ void __launch_bounds__(
 
   // The query rows that can see some key of the block (causal, window); query blocks outside
   // them see none of its keys.
-  const QueryRange query_range = visible_queries(f, c.n_begin, c.keys);
+  const QueryRange query_range =
+      kMasked ? visible_queries(f, c.n_begin, c.keys)
+              : QueryRange{f.causal ? c.n_begin * f.kv_stride : 0, f.seqlen_q};
   const int64_t m_first = query_range.begin / kBlockM * kBlockM;
+  const int64_t last_key_position = (c.n_begin + kBlockN - 1) * f.kv_stride;
+  const bool partial_keys = c.n_begin + kBlockN > f.kept_keys;
   for (int64_t h = c.h_kv * f.group_size; h < (c.h_kv + 1) * f.group_size; ++h) {
     const Element* q_head =
         static_cast<const Element*>(f.q) + c.b * f.q_batch_stride + h * f.q_head_stride;
@@ -136,10 +143,23 @@ __global__ void __launch_bounds__(
         static_cast<const Element*>(p.dout) + c.b * p.do_batch_stride + h * p.do_head_stride;
     for (int64_t m_begin = m_first; m_begin < query_range.end; m_begin += kBlockM) {
       const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
-      // Uniform over the block: a query block that sees none of these keys costs nothing.
-      const detail::BlockClass block_class =
-          classify_key_block(f, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
-      if (block_class == detail::BlockClass::kSkip) continue;
+      bool needs_mask;
+      if constexpr (kMasked) {
+        // Uniform over the block: a query block that sees none of these keys costs nothing.
+        const detail::BlockClass block_class =
+            classify_key_block(f, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
+        if (block_class == detail::BlockClass::kSkip) continue;
+        needs_mask = block_class != detail::BlockClass::kFull;
+        if (needs_mask) {
+          // p_tile (query, key) holds the mask terms until P replaces them; chunked_dot's
+          // barriers publish them.
+          __syncthreads();  // the previous query block's readers of p_tile are done
+          fill_mask_tile<Acc, kBlockM, kBlockN, Cfg::kStrideN, 1, kThreads>(
+              &p_tile[0][0], f, c.b, h, m_begin, rows, c.n_begin, f.kept_keys);
+        }
+      } else {
+        needs_mask = partial_keys || (f.causal && last_key_position > m_begin);
+      }
       const Element* q = q_head + m_begin * f.q_row_stride;
       const Element* dout = do_head + m_begin * p.do_row_stride;
 
@@ -156,7 +176,6 @@ __global__ void __launch_bounds__(
           ds, &key_tile[0][0], &query_tile[0][0], v, f.v_row_stride, c.keys, dout, p.do_row_stride,
           rows, f.head_dim_v, key0, query0);
 
-      const bool needs_mask = block_class != detail::BlockClass::kFull;
 #pragma unroll
       for (int j = 0; j < kTM; ++j) {
         const int64_t query = m_begin + query0 + j;
@@ -164,9 +183,11 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int i = 0; i < kTN; ++i) {
           score[i][j] *= scale_log2;
-          if (needs_mask) {
-            score[i][j] = masked_score<Acc>(f, c.b, h, query, c.n_begin + key0 + i, f.kept_keys,
-                                            score[i][j]);
+          if constexpr (kMasked) {
+            // This thread reads exactly the p_tile elements it overwrites below.
+            if (needs_mask) score[i][j] = masked_add(score[i][j], p_tile[query0 + j][key0 + i]);
+          } else if (needs_mask && causal_hidden(f, query, c.n_begin + key0 + i, f.kept_keys)) {
+            score[i][j] = negative_infinity<Acc>();
           }
           probability_and_ds(score[i][j], ds[i][j], stats);
           // Safe without a barrier: the last readers of p_tile and ds_tile (the previous

@@ -33,6 +33,24 @@ __device__ __forceinline__ BlockCoord block_coord(const detail::ForwardKernelPar
   return c;
 }
 
+// Number of logical keys any row of the query block can see under causal alone (the resident
+// kernel, which never runs with a window, pattern or element mask).
+__device__ __forceinline__ int64_t visible_key_end(const detail::ForwardKernelParams& p,
+                                                   const BlockCoord& c) {
+  if (!p.causal) return p.kept_keys;
+  const int64_t last_visible = (c.m_begin + c.rows - 1) / p.kv_stride;
+  return last_visible + 1 < p.kept_keys ? last_visible + 1 : p.kept_keys;
+}
+
+// True when some key of [n_begin, n_begin + block_n) is hidden from some row of the block under
+// causal alone, so only blocks on the causal diagonal or at the end of the keys pay for masking.
+__device__ __forceinline__ bool block_needs_mask(const detail::ForwardKernelParams& p,
+                                                 const BlockCoord& c, int64_t n_begin,
+                                                 int block_n, int64_t key_end) {
+  return n_begin + block_n > key_end ||
+         (p.causal && (n_begin + block_n - 1) * p.kv_stride > c.m_begin);
+}
+
 // The logical keys any row of the query block can see (causal, window), clipped to the kept
 // keys.
 __device__ __forceinline__ LogicalKeyRange visible_keys(const detail::ForwardKernelParams& p,
@@ -58,18 +76,31 @@ struct OnlineSoftmax {
     }
   }
 
-  // Sets hidden scores to -inf (keys past key_end, causal, window, pattern) and adds the
-  // element mask (mask_policy.cuh). Only called for partial blocks.
+  // Sets hidden scores to -inf: keys past key_end, and (causal) keys after the query.
   __device__ __forceinline__ void mask(Acc (&score)[kTM][kTN], const detail::ForwardKernelParams& p,
-                                       const BlockCoord& c, int64_t first_query, int64_t first_key,
-                                       int64_t key_end) {
+                                       int64_t first_query, int64_t first_key, int64_t key_end) {
 #pragma unroll
     for (int i = 0; i < kTM; ++i) {
 #pragma unroll
       for (int j = 0; j < kTN; ++j) {
-        score[i][j] = masked_score<Acc>(p, c.b, c.h, first_query + i, first_key + j, key_end,
-                                        score[i][j]);
+        if (causal_hidden(p, first_query + i, first_key + j, key_end)) {
+          score[i][j] = negative_infinity<Acc>();
+        }
       }
+    }
+  }
+
+  // Adds the mask terms of a fill_mask_tile tile laid out (key, query) with row stride
+  // kStride: this thread's rows [row0, row0 + kTM) and keys [key0, key0 + kTN).
+  template <int kStride>
+  __device__ __forceinline__ void add_mask_tile(Acc (&score)[kTM][kTN], const Acc* tile, int row0,
+                                                int key0) {
+#pragma unroll
+    for (int j = 0; j < kTN; ++j) {
+      Acc terms[kTM];
+      load_vector(terms, tile + (key0 + j) * kStride + row0);
+#pragma unroll
+      for (int i = 0; i < kTM; ++i) score[i][j] = masked_add(score[i][j], terms[i]);
     }
   }
 

@@ -1,7 +1,8 @@
 // Internal: the SIMT attention forward for narrow heads (head dimension bucket x element size
 // <= 256 bytes: fp32/fp16/bf16 up to 64, fp64 up to 32). Same algorithm as the chunked kernel,
 // but Q stays in shared memory for the whole block, K and V arrive as whole tiles prefetched
-// into registers one key block ahead, and a key block costs four barriers.
+// into registers one key block ahead, and a key block costs four barriers. Causal and kv_stride
+// only: calls with a window, pattern or element mask run on the chunked kernel (launcher).
 #pragma once
 
 #include <cstdint>
@@ -49,23 +50,18 @@ __global__ void __launch_bounds__(
   load_transposed<kBlockM, kHeadDimBucket, Cfg::kStrideM, kThreads>(
       q_tile, q, p.q_row_stride, c.rows, 0, p.head_dim, static_cast<Acc>(p.scale_log2));
 
-  const LogicalKeyRange key_range = visible_keys(p, c);
-  const int64_t key_end = key_range.end;
+  const int64_t key_end = visible_key_end(p, c);
   PrefetchedTile<kBlockN, kHeadDimBucket, kThreads, Acc> k_next, v_next;
   auto prefetch = [&](int64_t n_begin) {
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
     k_next.load(k + n_begin * p.k_row_stride, p.k_row_stride, keys, p.head_dim);
     v_next.load(v + n_begin * p.v_row_stride, p.v_row_stride, keys, p.head_dim_v);
   };
-  if (key_range.begin < key_end) prefetch(key_range.begin);
+  if (key_end > 0) prefetch(0);
 
   OnlineSoftmax<Acc, kTM, kTN, kTO> state;
   state.init();
-  for (int64_t n_begin = key_range.begin; n_begin < key_end; n_begin += kBlockN) {
-    // The prefetch pipeline runs over every block of the range; a skipped block is masked out
-    // whole (patterns only: causal and the window never produce one inside the range).
-    const detail::BlockClass block_class =
-        classify_key_block(p, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+  for (int64_t n_begin = 0; n_begin < key_end; n_begin += kBlockN) {
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
     __syncthreads();  // the previous block's readers of P (in kp_tile) and V are done
     k_next.template store_transposed<Cfg::kStrideN>(kp_tile);
@@ -93,8 +89,8 @@ __global__ void __launch_bounds__(
           for (int j = 0; j < kTN; ++j) score[i][j] += q_frag[i] * k_frag[j];
       }
     }
-    if (block_class != detail::BlockClass::kFull) {
-      state.mask(score, p, c, c.m_begin + row0, n_begin + key0, key_end);
+    if (block_needs_mask(p, c, n_begin, kBlockN, key_end)) {
+      state.mask(score, p, c.m_begin + row0, n_begin + key0, key_end);
     }
     state.update(score);
     __syncthreads();  // every thread has read K; P may overwrite it
