@@ -25,8 +25,7 @@ __device__ __forceinline__ Acc element_mask_log2(const detail::ForwardKernelPara
     case MaskDType::kFloat64:
       return static_cast<Acc>(static_cast<const double*>(p.mask)[offset] * kLog2e);
     case MaskDType::kFloat32:
-      return static_cast<Acc>(static_cast<const float*>(p.mask)[offset]) *
-             static_cast<Acc>(kLog2e);
+      return static_cast<Acc>(static_cast<const float*>(p.mask)[offset]) * static_cast<Acc>(kLog2e);
     case MaskDType::kFloat16:
       return static_cast<Acc>(widen(static_cast<const __half*>(p.mask)[offset])) *
              static_cast<Acc>(kLog2e);
@@ -50,8 +49,8 @@ __device__ __forceinline__ bool key_structurally_hidden(const detail::ForwardKer
 // Masks one score in the log2 domain: structure, then the additive element mask.
 template <typename Acc>
 __device__ __forceinline__ Acc masked_score(const detail::ForwardKernelParams& p, int64_t b,
-                                            int64_t h, int64_t query, int64_t key,
-                                            int64_t key_end, Acc score) {
+                                            int64_t h, int64_t query, int64_t key, int64_t key_end,
+                                            Acc score) {
   if (key_structurally_hidden(p, query, key, key_end)) return negative_infinity<Acc>();
   if (p.mask != nullptr) score += element_mask_log2<Acc>(p, b, h, query, key * p.kv_stride);
   return score;
@@ -62,8 +61,8 @@ struct LogicalKeyRange {
   int64_t begin, end;
 };
 
-__device__ __forceinline__ LogicalKeyRange visible_logical_keys(
-    const detail::ForwardKernelParams& p, int64_t m_begin, int rows) {
+__device__ __forceinline__ LogicalKeyRange
+visible_logical_keys(const detail::ForwardKernelParams& p, int64_t m_begin, int rows) {
   const int64_t positions = p.kept_keys * p.kv_stride;  // >= every kept key's position
   const detail::KeyRange range =
       detail::visible_key_range(p.policy, m_begin, m_begin + rows, positions);
@@ -97,15 +96,15 @@ __device__ __forceinline__ Acc masked_add(Acc score, Acc term) {
 }
 
 // Writes the mask term (log2 domain: -inf, 0 or the additive value) of every pair of query rows
-// [m_begin, m_begin + rows) (rows <= kRows) and logical keys [n_begin, n_begin + kKeys) into a shared tile,
-// pair (row, key) at tile[row * kRowStride + key * kKeyStride]. The whole block calls it, between
-// barriers; consecutive threads walk the tile's contiguous dimension. Done cooperatively and in
-// a rolled loop on purpose: evaluated per element inside the kernels' unrolled score tiles, the
-// window/pattern arithmetic and mask loads cost 50-60 registers.
+// [m_begin, m_begin + rows) (rows <= kRows) and logical keys [n_begin, n_begin + kKeys) into a
+// shared tile, pair (row, key) at tile[row * kRowStride + key * kKeyStride]. The whole block calls
+// it, between barriers; consecutive threads walk the tile's contiguous dimension. Done
+// cooperatively and in a rolled loop on purpose: evaluated per element inside the kernels' unrolled
+// score tiles, the window/pattern arithmetic and mask loads cost 50-60 registers.
 template <typename Acc, int kRows, int kKeys, int kRowStride, int kKeyStride, int kThreads>
 __device__ __forceinline__ void fill_mask_tile(Acc* tile, const detail::ForwardKernelParams& p,
-                                               int64_t b, int64_t h, int64_t m_begin,
-                                               int rows, int64_t n_begin, int64_t key_end) {
+                                               int64_t b, int64_t h, int64_t m_begin, int rows,
+                                               int64_t n_begin, int64_t key_end) {
   static_assert(kRowStride == 1 || kKeyStride == 1, "one dimension of the tile is contiguous");
 #pragma unroll 1
   for (int e = threadIdx.x; e < kRows * kKeys; e += kThreads) {
@@ -129,8 +128,8 @@ __device__ __forceinline__ detail::BlockClass classify_key_block(
   const detail::BlockClass structure = detail::classify_block(
       p.policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
   if (structure == detail::BlockClass::kSkip) return structure;
-  const bool partial = structure == detail::BlockClass::kPartial || p.mask != nullptr ||
-                       n_begin + block_n > key_end;
+  const bool partial =
+      structure == detail::BlockClass::kPartial || p.mask != nullptr || n_begin + block_n > key_end;
   return partial ? detail::BlockClass::kPartial : detail::BlockClass::kFull;
 }
 

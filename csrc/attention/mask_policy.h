@@ -35,8 +35,8 @@ struct MaskPolicy {
 enum class BlockClass : int { kSkip, kPartial, kFull };
 
 SAMATTN_HOST_DEVICE MaskPolicy make_mask_policy(bool causal, const MaskOptions& m) {
-  return MaskPolicy{causal,    m.window_left,      m.window_right,
-                    m.pattern, m.pattern_block,    m.pattern_summary};
+  return MaskPolicy{causal,    m.window_left,   m.window_right,
+                    m.pattern, m.pattern_block, m.pattern_summary};
 }
 
 // True when the policy never hides a key (only the element mask, kv_stride and lengths may).
@@ -55,8 +55,10 @@ SAMATTN_HOST_DEVICE bool structurally_visible(const MaskPolicy& p, int64_t i, in
   if (p.window_left >= 0 && j < i - p.window_left) return false;
   if (p.window_right >= 0 && j > i + p.window_right) return false;
   switch (p.pattern) {
-    case SparsePattern::kNone: return true;
-    case SparsePattern::kStrided: return i - j < p.block || (i - j) % p.block == 0;
+    case SparsePattern::kNone:
+      return true;
+    case SparsePattern::kStrided:
+      return i - j < p.block || (i - j) % p.block == 0;
     case SparsePattern::kFixed:
       return j / p.block == i / p.block || j % p.block >= p.block - p.summary;
   }
@@ -69,8 +71,8 @@ struct KeyRange {
   int64_t begin, end;
 };
 
-SAMATTN_HOST_DEVICE KeyRange visible_key_range(const MaskPolicy& p, int64_t q_begin,
-                                               int64_t q_end, int64_t seqlen_k) {
+SAMATTN_HOST_DEVICE KeyRange visible_key_range(const MaskPolicy& p, int64_t q_begin, int64_t q_end,
+                                               int64_t seqlen_k) {
   int64_t begin = 0, end = seqlen_k;
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
   if (causal && q_end < end) end = q_end;
@@ -92,13 +94,23 @@ SAMATTN_HOST_DEVICE BlockClass classify_block(const MaskPolicy& p, int64_t q0, i
   int64_t lo = d_min, hi = d_max;  // visible differences by causal and window: [lo, hi]
   bool band_full = true;
   if (causal) {
-    if (lo < 0) { lo = 0; band_full = false; }
+    if (lo < 0) {
+      lo = 0;
+      band_full = false;
+    }
   }
-  if (p.window_right >= 0 && lo < -p.window_right) { lo = -p.window_right; band_full = false; }
-  if (p.window_left >= 0 && hi > p.window_left) { hi = p.window_left; band_full = false; }
+  if (p.window_right >= 0 && lo < -p.window_right) {
+    lo = -p.window_right;
+    band_full = false;
+  }
+  if (p.window_left >= 0 && hi > p.window_left) {
+    hi = p.window_left;
+    band_full = false;
+  }
   if (lo > hi) return BlockClass::kSkip;
   switch (p.pattern) {
-    case SparsePattern::kNone: return band_full ? BlockClass::kFull : BlockClass::kPartial;
+    case SparsePattern::kNone:
+      return band_full ? BlockClass::kFull : BlockClass::kPartial;
     case SparsePattern::kStrided: {
       // Some difference in [lo, hi] is < block or a multiple of block?
       if (lo < p.block) {

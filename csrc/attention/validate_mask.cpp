@@ -8,20 +8,28 @@ namespace samattn {
 
 const char* mask_dtype_name(MaskDType dtype) {
   switch (dtype) {
-    case MaskDType::kBool: return "bool";
-    case MaskDType::kFloat64: return "float64";
-    case MaskDType::kFloat32: return "float32";
-    case MaskDType::kFloat16: return "float16";
-    case MaskDType::kBFloat16: return "bfloat16";
+    case MaskDType::kBool:
+      return "bool";
+    case MaskDType::kFloat64:
+      return "float64";
+    case MaskDType::kFloat32:
+      return "float32";
+    case MaskDType::kFloat16:
+      return "float16";
+    case MaskDType::kBFloat16:
+      return "bfloat16";
   }
   return "unknown";
 }
 
 const char* sparse_pattern_name(SparsePattern pattern) {
   switch (pattern) {
-    case SparsePattern::kNone: return "none";
-    case SparsePattern::kStrided: return "strided";
-    case SparsePattern::kFixed: return "fixed";
+    case SparsePattern::kNone:
+      return "none";
+    case SparsePattern::kStrided:
+      return "strided";
+    case SparsePattern::kFixed:
+      return "fixed";
   }
   return "unknown";
 }
@@ -35,17 +43,22 @@ bool is_known_mask_dtype(MaskDType dtype) {
     case MaskDType::kFloat64:
     case MaskDType::kFloat32:
     case MaskDType::kFloat16:
-    case MaskDType::kBFloat16: return true;
+    case MaskDType::kBFloat16:
+      return true;
   }
   return false;
 }
 
 MaskDType mask_dtype_of(DType dtype) {
   switch (dtype) {
-    case DType::kFloat64: return MaskDType::kFloat64;
-    case DType::kFloat32: return MaskDType::kFloat32;
-    case DType::kFloat16: return MaskDType::kFloat16;
-    case DType::kBFloat16: return MaskDType::kBFloat16;
+    case DType::kFloat64:
+      return MaskDType::kFloat64;
+    case DType::kFloat32:
+      return MaskDType::kFloat32;
+    case DType::kFloat16:
+      return MaskDType::kFloat16;
+    case DType::kBFloat16:
+      return MaskDType::kBFloat16;
   }
   return MaskDType::kFloat32;
 }
@@ -67,7 +80,8 @@ void validate_mask_options(const AttentionParams& p) {
   SAMATTN_CHECK(m.window_right >= -1, "window_right must be >= 0 or -1 (unbounded), got ",
                 m.window_right);
   switch (m.pattern) {
-    case SparsePattern::kNone: break;
+    case SparsePattern::kNone:
+      break;
     case SparsePattern::kStrided:
       SAMATTN_CHECK(m.pattern_block >= 1, "sparse pattern 'strided' needs block (l) >= 1, got ",
                     m.pattern_block);
@@ -106,10 +120,10 @@ void validate_host_cu_seqlens(const AttentionParams& p) {
     SAMATTN_CHECK(cu[0] == 0, name, "[0] must be 0, got ", cu[0]);
     for (int64_t b = 0; b < p.batch; ++b) {
       const int64_t length = static_cast<int64_t>(cu[b + 1]) - cu[b];
-      SAMATTN_CHECK(length >= 0, name, " must be non-decreasing, got ", name, "[", b, "] = ",
-                    cu[b], " > ", name, "[", b + 1, "] = ", cu[b + 1]);
-      SAMATTN_CHECK(length <= max_len, "sequence ", b, " has ", length, " rows by ", name,
-                    " but ", max_name, " is ", max_len);
+      SAMATTN_CHECK(length >= 0, name, " must be non-decreasing, got ", name, "[", b, "] = ", cu[b],
+                    " > ", name, "[", b + 1, "] = ", cu[b + 1]);
+      SAMATTN_CHECK(length <= max_len, "sequence ", b, " has ", length, " rows by ", name, " but ",
+                    max_name, " is ", max_len);
     }
     SAMATTN_CHECK(cu[p.batch] == total, name, "[batch] must equal the total tokens ", total,
                   ", got ", cu[p.batch]);

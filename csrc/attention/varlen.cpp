@@ -8,8 +8,7 @@ namespace samattn::detail {
 namespace {
 
 const void* advance(const void* base, int64_t elements, int element_bytes) {
-  return base == nullptr ? nullptr
-                         : static_cast<const char*>(base) + elements * element_bytes;
+  return base == nullptr ? nullptr : static_cast<const char*>(base) + elements * element_bytes;
 }
 void* advance(void* base, int64_t elements, int element_bytes) {
   return base == nullptr ? nullptr : static_cast<char*>(base) + elements * element_bytes;

@@ -37,10 +37,14 @@ inline double load_mask_value(const MaskOptions& m, int64_t offset) {
       return static_cast<const uint8_t*>(m.data)[offset] != 0
                  ? 0.0
                  : -std::numeric_limits<double>::infinity();
-    case MaskDType::kFloat64: return load_as_double(m.data, offset, DType::kFloat64);
-    case MaskDType::kFloat32: return load_as_double(m.data, offset, DType::kFloat32);
-    case MaskDType::kFloat16: return load_as_double(m.data, offset, DType::kFloat16);
-    case MaskDType::kBFloat16: return load_as_double(m.data, offset, DType::kBFloat16);
+    case MaskDType::kFloat64:
+      return load_as_double(m.data, offset, DType::kFloat64);
+    case MaskDType::kFloat32:
+      return load_as_double(m.data, offset, DType::kFloat32);
+    case MaskDType::kFloat16:
+      return load_as_double(m.data, offset, DType::kFloat16);
+    case MaskDType::kBFloat16:
+      return load_as_double(m.data, offset, DType::kBFloat16);
   }
   return 0.0;
 }

@@ -23,15 +23,23 @@ std::string list(at::IntArrayRef values) {
 
 MaskDType to_mask_dtype(at::ScalarType type) {
   switch (type) {
-    case at::kBool: return MaskDType::kBool;
-    case at::kDouble: return MaskDType::kFloat64;
-    case at::kFloat: return MaskDType::kFloat32;
-    case at::kHalf: return MaskDType::kFloat16;
-    case at::kBFloat16: return MaskDType::kBFloat16;
-    default: break;
+    case at::kBool:
+      return MaskDType::kBool;
+    case at::kDouble:
+      return MaskDType::kFloat64;
+    case at::kFloat:
+      return MaskDType::kFloat32;
+    case at::kHalf:
+      return MaskDType::kFloat16;
+    case at::kBFloat16:
+      return MaskDType::kBFloat16;
+    default:
+      break;
   }
-  SAMATTN_CHECK_TYPE(false, "attn_mask dtype must be bool or a float type (float32 or the "
-                     "query's dtype), got ", c10::toString(type));
+  SAMATTN_CHECK_TYPE(false,
+                     "attn_mask dtype must be bool or a float type (float32 or the "
+                     "query's dtype), got ",
+                     c10::toString(type));
 }
 
 SparsePattern to_pattern(std::string_view name) {
@@ -61,8 +69,8 @@ void check_cu_seqlens(const at::Tensor& cu, const at::Tensor& query, int64_t tot
     const int64_t length = static_cast<int64_t>(values[b + 1]) - values[b];
     SAMATTN_CHECK_VALUE(length >= 0, name, " must be non-decreasing, got ", name, "[", b,
                         "] = ", values[b], " > ", name, "[", b + 1, "] = ", values[b + 1]);
-    SAMATTN_CHECK_VALUE(length <= max_seqlen, "sequence ", b, " has ", length, " tokens by ",
-                        name, " but ", max_name, " is ", max_seqlen);
+    SAMATTN_CHECK_VALUE(length <= max_seqlen, "sequence ", b, " has ", length, " tokens by ", name,
+                        " but ", max_name, " is ", max_seqlen);
   }
   SAMATTN_CHECK_VALUE(values[batch] == total, name, "[-1] (", values[batch],
                       ") must equal the total tokens of the packed tensor (", total, ")");
@@ -98,18 +106,19 @@ void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArgum
   SAMATTN_CHECK_VALUE(!params.mask.is_varlen(),
                       "attn_mask is not supported with varlen (packed) inputs");
   const std::vector<int64_t> full{params.batch, params.heads_q, params.seqlen_q, params.seqlen_k};
-  SAMATTN_CHECK_VALUE(mask.dim() >= 2 && mask.dim() <= 4, "attn_mask must have 2 to 4 dimensions "
-                      "broadcastable to (batch, heads, seq_len_q, seq_len_k) = ", list(full),
-                      ", got shape ", list(mask.sizes()));
+  SAMATTN_CHECK_VALUE(mask.dim() >= 2 && mask.dim() <= 4,
+                      "attn_mask must have 2 to 4 dimensions "
+                      "broadcastable to (batch, heads, seq_len_q, seq_len_k) = ",
+                      list(full), ", got shape ", list(mask.sizes()));
   // Right-aligned broadcasting, as torch does: missing leading dimensions have size 1.
   int64_t strides[4] = {0, 0, 0, 0};
   const int64_t offset = 4 - mask.dim();
   for (int64_t d = 0; d < mask.dim(); ++d) {
     const int64_t size = mask.size(d), want = full[offset + d];
-    SAMATTN_CHECK_VALUE(size == want || size == 1, "attn_mask of shape ", list(mask.sizes()),
-                        " is not broadcastable to (batch, heads, seq_len_q, seq_len_k) = ",
-                        list(full), ": dimension ", d, " has size ", size, ", expected ", want,
-                        " or 1");
+    SAMATTN_CHECK_VALUE(
+        size == want || size == 1, "attn_mask of shape ", list(mask.sizes()),
+        " is not broadcastable to (batch, heads, seq_len_q, seq_len_k) = ", list(full),
+        ": dimension ", d, " has size ", size, ", expected ", want, " or 1");
     strides[offset + d] = (size == 1) ? 0 : mask.stride(d);
   }
   m.data = mask.data_ptr();
@@ -134,15 +143,15 @@ AttentionParams make_varlen_params(const at::Tensor& query, const at::Tensor& ke
   SAMATTN_CHECK_VALUE(cu_seqlens_q.dim() == 1 && cu_seqlens_k.dim() == 1 &&
                           cu_seqlens_q.size(0) == cu_seqlens_k.size(0),
                       "cu_seqlens_q and cu_seqlens_k must be 1-D with the same length (batch + 1), "
-                      "got shapes ", list(cu_seqlens_q.sizes()), " and ", list(cu_seqlens_k.sizes()));
+                      "got shapes ",
+                      list(cu_seqlens_q.sizes()), " and ", list(cu_seqlens_k.sizes()));
   check_cu_seqlens(cu_seqlens_q, query, query.size(0), max_seqlen_q, "cu_seqlens_q",
                    "max_seqlen_q");
-  check_cu_seqlens(cu_seqlens_k, query, key.size(0), max_seqlen_k, "cu_seqlens_k",
-                   "max_seqlen_k");
+  check_cu_seqlens(cu_seqlens_k, query, key.size(0), max_seqlen_k, "cu_seqlens_k", "max_seqlen_k");
   // The 4-D checks of make_forward_params on (1, H, total, D) views: dtype, device, heads, dims.
-  AttentionParams p = make_forward_params(query.transpose(0, 1).unsqueeze(0),
-                                          key.transpose(0, 1).unsqueeze(0),
-                                          value.transpose(0, 1).unsqueeze(0), options);
+  AttentionParams p =
+      make_forward_params(query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0),
+                          value.transpose(0, 1).unsqueeze(0), options);
   p.batch = cu_seqlens_q.size(0) - 1;
   p.seqlen_q = max_seqlen_q;
   p.seqlen_k = max_seqlen_k;

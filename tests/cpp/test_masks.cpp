@@ -46,18 +46,17 @@ TEST(MaskPolicy, BlockClassificationAgreesWithElements) {
               for (int64_t j = k0; j < k0 + keys; ++j)
                 visible += detail::structurally_visible(p, i, j) ? 1 : 0;
             const BlockClass got = detail::classify_block(p, q0, q0 + rows, k0, k0 + keys);
-            const std::string where = "policy causal=" + std::to_string(p.causal) + " window=(" +
-                                      std::to_string(p.window_left) + "," +
-                                      std::to_string(p.window_right) + ") pattern=" +
-                                      sparse_pattern_name(p.pattern) + " l=" +
-                                      std::to_string(p.block) + " c=" + std::to_string(p.summary) +
-                                      " block q[" + std::to_string(q0) + "+" +
-                                      std::to_string(rows) + ") k[" + std::to_string(k0) + "+" +
-                                      std::to_string(keys) + ")";
+            const std::string where =
+                "policy causal=" + std::to_string(p.causal) + " window=(" +
+                std::to_string(p.window_left) + "," + std::to_string(p.window_right) +
+                ") pattern=" + sparse_pattern_name(p.pattern) + " l=" + std::to_string(p.block) +
+                " c=" + std::to_string(p.summary) + " block q[" + std::to_string(q0) + "+" +
+                std::to_string(rows) + ") k[" + std::to_string(k0) + "+" + std::to_string(keys) +
+                ")";
             if (got == BlockClass::kSkip) EXPECT_EQ(visible, 0) << where;
             if (got == BlockClass::kFull) EXPECT_EQ(visible, rows * keys) << where;
             if (p.pattern == SparsePattern::kNone) {
-              const BlockClass exact = visible == 0                ? BlockClass::kSkip
+              const BlockClass exact = visible == 0             ? BlockClass::kSkip
                                        : visible == rows * keys ? BlockClass::kFull
                                                                 : BlockClass::kPartial;
               EXPECT_EQ(static_cast<int>(got), static_cast<int>(exact)) << where;
@@ -173,13 +172,19 @@ struct MaskCase {
 
 const MaskCase kMaskCases[] = {
     {"window", {2, 2, 1, 150, 170, 64, 64}, false, 20, 5, SparsePattern::kNone, 0, 0, false},
-    {"window_causal", {1, 2, 2, 300, 300, 32, 32}, true, 64, -1, SparsePattern::kNone, 0, 0,
-     false},
+    {"window_causal", {1, 2, 2, 300, 300, 32, 32}, true, 64, -1, SparsePattern::kNone, 0, 0, false},
     {"strided", {1, 2, 2, 260, 260, 64, 64}, false, -1, -1, SparsePattern::kStrided, 32, 0, false},
     {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, -1, -1, SparsePattern::kFixed, 64, 8, false},
     {"bool_mask", {2, 2, 2, 77, 129, 40, 40}, false, -1, -1, SparsePattern::kNone, 0, 0, true},
-    {"bool_mask_causal_window", {1, 4, 2, 100, 100, 96, 96}, true, 30, -1, SparsePattern::kNone,
-     0, 0, true},
+    {"bool_mask_causal_window",
+     {1, 4, 2, 100, 100, 96, 96},
+     true,
+     30,
+     -1,
+     SparsePattern::kNone,
+     0,
+     0,
+     true},
 };
 
 // A bool mask (B, 1, Sq, Sk) broadcast over heads (head stride 0), ~30% hidden, row 3 all hidden.
@@ -302,14 +307,14 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   EXPECT_TRUE(all_close(gv, dv, dtype, 1.0)) << "dv " << c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, MaskGpu,
-    ::testing::Combine(::testing::ValuesIn(kMaskCases),
-                       ::testing::Values(DType::kFloat64, DType::kFloat32, DType::kFloat16,
-                                         DType::kBFloat16)),
-    [](const auto& info) {
-      return std::get<0>(info.param).name + "_" + dtype_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, MaskGpu,
+                         ::testing::Combine(::testing::ValuesIn(kMaskCases),
+                                            ::testing::Values(DType::kFloat64, DType::kFloat32,
+                                                              DType::kFloat16, DType::kBFloat16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace samattn::testing
