@@ -47,6 +47,14 @@ ForwardKernelParams make_forward_kernel_params(const AttentionParams& p) {
   k.mask_head_stride = p.mask.head_stride;
   k.mask_row_stride = p.mask.row_stride;
   k.mask_col_stride = p.mask.col_stride;
+  k.block_map = p.mask.block_map;
+  k.block_q = p.mask.block_q;
+  k.block_k = p.mask.block_k;
+  k.block_batch_stride = p.mask.block_batch_stride;
+  k.block_head_stride = p.mask.block_head_stride;
+  k.block_row_stride = p.mask.block_row_stride;
+  k.block_col_stride = p.mask.block_col_stride;
+  k.masked = k.has_policy || k.mask != nullptr || k.block_map != nullptr;
   return k;
 }
 

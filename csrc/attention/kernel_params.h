@@ -42,6 +42,13 @@ struct ForwardKernelParams {
   const void* mask;
   MaskDType mask_dtype;
   int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
+  // Block-sparse map (samattn/mask.h), indexed by (b, query head, query / block_q, position /
+  // block_k), or null.
+  const uint8_t* block_map;
+  int64_t block_q, block_k;
+  int64_t block_batch_stride, block_head_stride, block_row_stride, block_col_stride;
+  // Window, pattern, element mask or block map: the kMasked kernels run (mask_policy.cuh).
+  bool masked;
 };
 
 // Derives the kernel parameters from validated, non-varlen AttentionParams (strides with kv_stride folded

@@ -36,6 +36,28 @@ __device__ __forceinline__ Acc element_mask_log2(const detail::ForwardKernelPara
   return Acc(0);
 }
 
+// The block map's entry for (b, h, query, position): nonzero when the pair's block is listed.
+__device__ __forceinline__ bool block_listed(const detail::ForwardKernelParams& p, int64_t b,
+                                             int64_t h, int64_t query, int64_t position) {
+  return p.block_map[b * p.block_batch_stride + h * p.block_head_stride +
+                     (query / p.block_q) * p.block_row_stride +
+                     (position / p.block_k) * p.block_col_stride] != 0;
+}
+
+// True when the block map lists some block overlapping queries [q0, q1) x positions [k0, k1).
+__device__ __forceinline__ bool any_block_listed(const detail::ForwardKernelParams& p, int64_t b,
+                                                 int64_t h, int64_t q0, int64_t q1, int64_t k0,
+                                                 int64_t k1) {
+#pragma unroll 1
+  for (int64_t qb = q0 / p.block_q; qb <= (q1 - 1) / p.block_q; ++qb) {
+#pragma unroll 1
+    for (int64_t kb = k0 / p.block_k; kb <= (k1 - 1) / p.block_k; ++kb) {
+      if (block_listed(p, b, h, qb * p.block_q, kb * p.block_k)) return true;
+    }
+  }
+  return false;
+}
+
 // Applies everything but the element mask to one score: -inf when logical key `key` is past
 // key_end or hidden from `query` by causal, the window or the pattern.
 __device__ __forceinline__ bool key_structurally_hidden(const detail::ForwardKernelParams& p,
@@ -52,6 +74,9 @@ __device__ __forceinline__ Acc masked_score(const detail::ForwardKernelParams& p
                                             int64_t h, int64_t query, int64_t key, int64_t key_end,
                                             Acc score) {
   if (key_structurally_hidden(p, query, key, key_end)) return negative_infinity<Acc>();
+  if (p.block_map != nullptr && !block_listed(p, b, h, query, key * p.kv_stride)) {
+    return negative_infinity<Acc>();
+  }
   if (p.mask != nullptr) score += element_mask_log2<Acc>(p, b, h, query, key * p.kv_stride);
   return score;
 }
@@ -79,8 +104,9 @@ visible_logical_keys(const detail::ForwardKernelParams& p, int64_t m_begin, int 
 // window, pattern or element mask. Causal and kv_stride alone keep the inline check
 // (causal_hidden), which costs no barrier and no shared memory.
 __device__ __forceinline__ bool uses_mask_tile(const detail::ForwardKernelParams& p) {
-  return p.has_policy || p.mask != nullptr;
+  return p.masked;
 }
+
 
 // The inline check of the plain path: past key_end, or after the query under causal.
 __device__ __forceinline__ bool causal_hidden(const detail::ForwardKernelParams& p, int64_t query,
@@ -121,8 +147,8 @@ __device__ __forceinline__ void fill_mask_tile(Acc* tile, const detail::ForwardK
 // [m_begin, m_begin + rows): partial whenever an element mask is present, a key is past key_end,
 // or the policy hides some pair.
 __device__ __forceinline__ detail::BlockClass classify_key_block(
-    const detail::ForwardKernelParams& p, int64_t m_begin, int rows, int64_t n_begin, int block_n,
-    int64_t key_end) {
+    const detail::ForwardKernelParams& p, int64_t b, int64_t h, int64_t m_begin, int rows,
+    int64_t n_begin, int block_n, int64_t key_end) {
   const int64_t n_last = min(n_begin + block_n, key_end) - 1;
   if (n_last < n_begin) return detail::BlockClass::kSkip;
   const detail::BlockClass structure = detail::classify_block(

@@ -75,6 +75,11 @@ void validate_mask_options(const AttentionParams& p) {
                   "attn_mask dtype must be bool, float32 or the inputs' dtype (",
                   dtype_name(p.dtype), "), got ", mask_dtype_name(m.dtype));
   }
+  if (m.has_block_map()) {
+    SAMATTN_CHECK(m.block_q >= 1 && m.block_k >= 1,
+                  "block-sparse block sizes must be >= 1, got block_q = ", m.block_q,
+                  ", block_k = ", m.block_k);
+  }
   SAMATTN_CHECK(m.window_left >= -1, "window_left must be >= 0 or -1 (unbounded), got ",
                 m.window_left);
   SAMATTN_CHECK(m.window_right >= -1, "window_right must be >= 0 or -1 (unbounded), got ",

@@ -50,7 +50,7 @@ inline double load_mask_value(const MaskOptions& m, int64_t offset) {
 }
 
 // What query i of sequence (b, h) adds to its score with key j: -inf when the key is hidden
-// (kv_stride, causal, window, pattern, a false boolean mask), otherwise the additive mask value
+// (kv_stride, causal, window, pattern, an unlisted block, a false boolean mask), otherwise the additive mask value
 // (0 without one). `hidden` is set when the key takes no part in the softmax at all; an
 // additive -inf leaves the key in the row but with weight 0, which is the same thing.
 inline bool reference_key_bias(const AttentionParams& p, const MaskPolicy& policy, int64_t b,
@@ -58,6 +58,12 @@ inline bool reference_key_bias(const AttentionParams& p, const MaskPolicy& polic
   bias = 0.0;
   if (j % p.kv_stride != 0) return false;
   if (!structurally_visible(policy, i, j)) return false;
+  if (p.mask.has_block_map()) {
+    const MaskOptions& m = p.mask;
+    const int64_t entry = b * m.block_batch_stride + h * m.block_head_stride +
+                          (i / m.block_q) * m.block_row_stride + (j / m.block_k) * m.block_col_stride;
+    if (m.block_map[entry] == 0) return false;
+  }
   if (p.mask.has_element_mask()) {
     const MaskOptions& m = p.mask;
     bias = load_mask_value(

@@ -84,6 +84,37 @@ void check_packed(const at::Tensor& t, const char* arg) {
                       " must be contiguous in its last dimension, got strides ", list(t.strides()));
 }
 
+void bind_block_map(AttentionParams& params, const at::Tensor& query, const at::Tensor& map,
+                    int64_t block_q, int64_t block_k) {
+  SAMATTN_CHECK_TYPE(map.scalar_type() == at::kBool || map.scalar_type() == at::kByte,
+                     "block_map dtype must be bool or uint8, got ", c10::toString(map.scalar_type()));
+  SAMATTN_CHECK_VALUE(map.device() == query.device(), "block_map is on ", map.device().str(),
+                      " but query is on ", query.device().str());
+  SAMATTN_CHECK_VALUE(block_q >= 1 && block_k >= 1, "block sizes must be >= 1, got block_q = ",
+                      block_q, ", block_k = ", block_k);
+  const int64_t q_blocks = (params.seqlen_q + block_q - 1) / block_q;
+  const int64_t k_blocks = (params.seqlen_k + block_k - 1) / block_k;
+  const std::vector<int64_t> full{params.batch, params.heads_q, q_blocks, k_blocks};
+  SAMATTN_CHECK_VALUE(map.dim() == 4, "block_map must be 4-D (batch|1, heads|1, query blocks, "
+                      "key blocks) = ", list(full), ", got shape ", list(map.sizes()));
+  int64_t strides[4];
+  for (int64_t d = 0; d < 4; ++d) {
+    const bool broadcast_ok = d < 2 && map.size(d) == 1;
+    SAMATTN_CHECK_VALUE(map.size(d) == full[d] || broadcast_ok, "block_map of shape ",
+                        list(map.sizes()), " does not match (batch|1, heads|1, ceil(Sq / block_q), "
+                        "ceil(Sk / block_k)) = ", list(full), " in dimension ", d);
+    strides[d] = map.size(d) == 1 ? 0 : map.stride(d);
+  }
+  MaskOptions& m = params.mask;
+  m.block_map = static_cast<const uint8_t*>(map.data_ptr());
+  m.block_q = block_q;
+  m.block_k = block_k;
+  m.block_batch_stride = strides[0];
+  m.block_head_stride = strides[1];
+  m.block_row_stride = strides[2];
+  m.block_col_stride = strides[3];
+}
+
 }  // namespace
 
 void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArguments& args) {
@@ -93,6 +124,9 @@ void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArgum
   m.pattern = to_pattern(args.sparse_pattern);
   m.pattern_block = args.sparse_block;
   m.pattern_summary = args.sparse_summary;
+  if (args.block_map != nullptr && args.block_map->has_value() && (*args.block_map)->defined()) {
+    bind_block_map(params, query, **args.block_map, args.block_q, args.block_k);
+  }
   if (!args.attn_mask.has_value() || !args.attn_mask->defined()) return;
   const at::Tensor& mask = *args.attn_mask;
   m.dtype = to_mask_dtype(mask.scalar_type());

@@ -35,14 +35,15 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_op(
     std::optional<double> scale, bool causal, int64_t kv_stride, bool return_lse,
     c10::string_view backend, const std::optional<at::Tensor>& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
-    int64_t sparse_summary) {
+    int64_t sparse_summary, const std::optional<at::Tensor>& block_map, int64_t block_q,
+    int64_t block_k) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   bind_mask(params, query,
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary});
+             sparse_summary, &block_map, block_q, block_k});
   at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
                              query.options());
   at::Tensor lse =
@@ -95,13 +96,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
     const at::Tensor& out, const at::Tensor& lse, std::optional<double> scale, bool causal,
     int64_t kv_stride, bool deterministic, const std::optional<at::Tensor>& attn_mask,
     int64_t window_left, int64_t window_right, c10::string_view sparse_pattern,
-    int64_t sparse_block, int64_t sparse_summary) {
+    int64_t sparse_block, int64_t sparse_summary, const std::optional<at::Tensor>& block_map,
+    int64_t block_q, int64_t block_k) {
   AttentionParams forward =
       make_forward_params(query, key, value, {scale, causal, kv_stride, "auto"});
   bind_mask(forward, query,
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary});
+             sparse_summary, &block_map, block_q, block_k});
   check_output(out, query, forward, "out");
   check_output(dout, query, forward, "dout");
   check_lse(lse, query, forward);
@@ -214,8 +216,8 @@ TORCH_LIBRARY(samattn, m) {
       "attention_forward(Tensor query, Tensor key, Tensor value, float? scale=None, "
       "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto', "
       "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, "
-      "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0) "
-      "-> (Tensor out, Tensor lse)");
+      "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0, "
+      "Tensor? block_map=None, int block_q=128, int block_k=128) -> (Tensor out, Tensor lse)");
   // Not differentiable: it writes into `out` and has no autograd formula, so `out` never carries
   // a grad_fn (samattn.self_attention, its caller, raises when x requires grad). attention_forward
   // is the differentiable op (autograd registered in samattn/_ops.py).
@@ -227,7 +229,8 @@ TORCH_LIBRARY(samattn, m) {
       "Tensor lse, float? scale=None, bool causal=False, int kv_stride=1, "
       "bool deterministic=False, Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
-      "int sparse_summary=0) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "varlen_attention_forward(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? scale=None, "

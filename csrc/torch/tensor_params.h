@@ -49,6 +49,10 @@ struct MaskArguments {
   std::string_view sparse_pattern = "none";
   int64_t sparse_block = 0;
   int64_t sparse_summary = 0;
+  // Block-sparse: a bool/uint8 (B|1, H|1, ceil(Sq / block_q), ceil(Sk / block_k)) map.
+  const std::optional<at::Tensor>* block_map = nullptr;
+  int64_t block_q = 128;
+  int64_t block_k = 128;
 };
 void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArguments& mask);
 

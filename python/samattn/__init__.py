@@ -5,6 +5,7 @@ CUDA tensors run samattn's CUDA kernels; CPU tensors run the fp64 reference impl
 """
 
 from samattn import nn
+from samattn.block_sparse import BlockSparse, block_sparse_from_mask, block_sparse_from_pattern
 from samattn._ops import ops
 from samattn.functional import (
     attention,
@@ -20,6 +21,9 @@ from samattn.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockSparse",
+    "block_sparse_from_mask",
+    "block_sparse_from_pattern",
     "attention",
     "fused_attention",
     "fused_attention_with_mask",

@@ -28,8 +28,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: Optional[float] = None, kv_stride: int = 1, return_lse: bool = False,
               backend: str = "auto", attn_mask: Optional[Tensor] = None,
               window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
-              sparse_block: int = 0,
-              sparse_summary: int = 0) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+              sparse_block: int = 0, sparse_summary: int = 0,
+              block_sparse=None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Fused attention on (batch, heads, seq_len, head_dim) tensors.
 
     q: (B, Hq, Sq, D); k: (B, Hkv, Sk, D); v: (B, Hkv, Sk, Dv) with Hq a multiple of Hkv
@@ -55,6 +55,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     "fixed" (j in i's block of sparse_block positions, or among the last sparse_summary positions
     of any block).
 
+    block_sparse: a samattn.BlockSparse (FlexAttention's kv_num_blocks / kv_indices per
+    (batch, head, query block), block sizes block_q x block_k): only listed key blocks are
+    computed; attn_mask, if given, applies inside them. See samattn.block_sparse_from_mask and
+    samattn.block_sparse_from_pattern.
+
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
@@ -68,12 +73,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False)))
     left, right = _window_pair(window)
-    if attn_mask is None and left == -1 and right == -1 and sparse_pattern == "none":
+    if (attn_mask is None and left == -1 and right == -1 and sparse_pattern == "none"
+            and block_sparse is None):
         out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend)
-    else:
+    elif block_sparse is None:
         out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend,
                                          attn_mask, left, right, sparse_pattern, sparse_block,
                                          sparse_summary)
+    else:
+        block_map = block_sparse.to_map(k.shape[2])
+        out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend,
+                                         attn_mask, left, right, sparse_pattern, sparse_block,
+                                         sparse_summary, block_map, block_sparse.block_q,
+                                         block_sparse.block_k)
     return (out, lse) if return_lse else out
 
 

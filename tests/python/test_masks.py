@@ -536,3 +536,107 @@ def test_gpu_cu_seqlens_on_wrong_device():
     q, k, v, cu_q, cu_k = make_varlen([3, 4], [3, 4], device="cuda")
     with pytest.raises(ValueError, match="cu_seqlens_q is on cpu"):
         samattn.varlen_attention(q, k, v, cu_q.cpu(), cu_k, 4, 4)
+
+
+# ---- block-sparse ----------------------------------------------------------------------------
+
+def test_block_sparse_tables_from_mask_and_back():
+    gen = torch.Generator().manual_seed(40)
+    mask = torch.rand(2, 1, 37, 45, generator=gen) > 0.97
+    bs = samattn.block_sparse_from_mask(mask, block_q=8, block_k=16)
+    assert bs.kv_num_blocks.shape == (2, 1, 5)
+    block_map = bs.to_map(45)
+    for b in range(2):
+        for qb in range(5):
+            for kb in range(3):
+                want = bool(mask[b, 0, qb * 8:(qb + 1) * 8, kb * 16:(kb + 1) * 16].any())
+                assert bool(block_map[b, 0, qb, kb]) == want
+                listed = bs.kv_indices[b, 0, qb, :bs.kv_num_blocks[b, 0, qb]].tolist()
+                assert (kb in listed) == want
+
+
+def block_visibility(bs, seqlen_q, seqlen_k):
+    """(B|1, H|1, Sq, Sk) boolean expansion of the tables, from FlexAttention's definition."""
+    b, h, qb = bs.kv_num_blocks.shape
+    dense = torch.zeros(b, h, seqlen_q, seqlen_k, dtype=torch.bool)
+    for bi in range(b):
+        for hi in range(h):
+            for q in range(qb):
+                for slot in range(int(bs.kv_num_blocks[bi, hi, q])):
+                    kb = int(bs.kv_indices[bi, hi, q, slot])
+                    dense[bi, hi, q * bs.block_q:(q + 1) * bs.block_q,
+                          kb * bs.block_k:(kb + 1) * bs.block_k] = True
+    return dense
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_block_sparse_reference_matches_definition(with_mask):
+    q, k, v = make_qkv(2, 2, 1, 40, 50, 4, dtype=torch.float64, seed=41)
+    gen = torch.Generator().manual_seed(42)
+    block_map = torch.rand(2, 1, 5, 4, generator=gen) > 0.5
+    block_map[0, 0, 1] = False  # a query block with no key block: its rows give 0
+    bs = samattn.block_sparse.from_map(block_map, 8, 13)
+    visible = block_visibility(bs, 40, 50)
+    mask = torch.rand(40, 50, generator=gen) > 0.3 if with_mask else None
+    if with_mask:
+        visible = visible & mask
+    out, lse = samattn.attention(q, k, v, block_sparse=bs, attn_mask=mask, return_lse=True)
+    want, want_lse = oracle(q, k, v, visible=visible)
+    assert_close(out, want, torch.float64)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    ours = torch.autograd.grad(samattn.attention(q, k, v, block_sparse=bs, attn_mask=mask).sum(),
+                               (q, k, v))
+    theirs = torch.autograd.grad(oracle(q, k, v, visible=visible)[0].sum(), (q, k, v))
+    for got, ref in zip(ours, theirs):
+        assert_close(got, ref, torch.float64, scale_floor=1.0)
+
+
+def test_block_sparse_from_pattern_covers_the_pattern():
+    options = dict(sparse_pattern="strided", sparse_block=6)
+    bs = samattn.block_sparse_from_pattern(50, 50, block_q=8, block_k=8, **options)
+    covered = block_visibility(bs, 50, 50)[0, 0]
+    exact = definition_of(options, 50, 50)
+    assert torch.all(covered | ~exact)  # every visible pair lies in a listed block
+    q, k, v = make_qkv(1, 2, 2, 50, 50, 4, dtype=torch.float64, seed=43)
+    # The pattern restricted to its own blocks is the pattern.
+    assert_close(samattn.attention(q, k, v, block_sparse=bs, **options),
+                 reference(q, k, v, **options)[0], torch.float64)
+
+
+def test_block_sparse_validation():
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 4, dtype=torch.float32, seed=44)
+    bs = samattn.BlockSparse(torch.ones(1, 1, 2, dtype=torch.int32),
+                             torch.tensor([[[[0], [5]]]], dtype=torch.int32), 8, 8)
+    with pytest.raises(ValueError, match="kv_indices must be in"):
+        samattn.attention(q, k, v, block_sparse=bs)
+    bs = samattn.BlockSparse(torch.ones(1, 1, 2, dtype=torch.int64),
+                             torch.zeros(1, 1, 2, 1, dtype=torch.int32), 8, 8)
+    with pytest.raises(TypeError, match="must be int32"):
+        samattn.attention(q, k, v, block_sparse=bs)
+    bs = samattn.BlockSparse(torch.ones(1, 1, 3, dtype=torch.int32),
+                             torch.zeros(1, 1, 3, 1, dtype=torch.int32), 8, 8)
+    with pytest.raises(ValueError, match="block_map of shape"):
+        samattn.attention(q, k, v, block_sparse=bs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_block_sparse(dtype):
+    q, k, v = make_qkv(2, 4, 2, 300, 333, 64, dtype=dtype, device="cuda", seed=45)
+    gen = torch.Generator().manual_seed(46)
+    block_map = torch.rand(2, 1, 3, 3, generator=gen) > 0.4
+    bs = samattn.block_sparse.from_map(block_map.cuda(), 128, 128)
+    mask = (torch.rand(300, 333, generator=gen) > 0.2).cuda()
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = samattn.attention(q, k, v, block_sparse=bs, attn_mask=mask, causal=True)
+    bs_cpu = samattn.block_sparse.from_map(block_map, 128, 128)
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    want = samattn.attention(q64, k64, v64, block_sparse=bs_cpu, attn_mask=mask.cpu(),
+                             causal=True)
+    assert_close(out, want, dtype)
+    dout = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want_grads = torch.autograd.grad(want, (q64, k64, v64), dout.double().cpu())
+    for got, ref in zip(grads, want_grads):
+        assert_close(got, ref, dtype, scale_floor=1.0)

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(
       if constexpr (kMasked) {
         // Uniform over the block: a query block that sees none of these keys costs nothing.
         const detail::BlockClass block_class =
-            classify_key_block(f, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
+            classify_key_block(f, c.b, h, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
         if (block_class == detail::BlockClass::kSkip) continue;
         needs_mask = block_class != detail::BlockClass::kFull;
         if (needs_mask) {

@@ -30,7 +30,7 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
   using DkDv = BackwardDkDvConfig<Acc, kHeadDimBucket>;
   using Dq = BackwardDqConfig<Acc, kHeadDimBucket>;
   // Windows, patterns and element masks run the kMasked instantiations.
-  const bool masked = params.fwd.has_policy || params.fwd.mask != nullptr;
+  const bool masked = params.fwd.masked;
   if (params.fwd.kept_keys > 0) {
     const auto kernel = masked ? backward_dkdv_kernel<Element, kHeadDimBucket, true>
                                : backward_dkdv_kernel<Element, kHeadDimBucket, false>;

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(
     if constexpr (kMasked) {
       // Uniform over the block: a key block nobody in it sees costs nothing.
       const detail::BlockClass block_class =
-          classify_key_block(p, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+          classify_key_block(p, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
       if (block_class == detail::BlockClass::kSkip) continue;
       mask_tile = block_class != detail::BlockClass::kFull;
       if (mask_tile) {

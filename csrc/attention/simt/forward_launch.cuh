@@ -19,7 +19,7 @@ void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stre
   using Chunked = ForwardConfig<Acc, kHeadDimBucket>;
   // Windows, patterns and element masks run the chunked kernel's kMasked instantiation (it
   // has room for the shared mask tile); causal and kv_stride keep the unmasked kernels.
-  if (params.has_policy || params.mask != nullptr) {
+  if (params.masked) {
     chunked_forward_kernel<Element, kHeadDimBucket, true>
         <<<detail::query_block_grid(params, Chunked::kBlockM), Chunked::kThreads, 0, stream>>>(
             params);

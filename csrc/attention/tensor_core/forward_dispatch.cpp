@@ -49,9 +49,9 @@ Status unsupported(const std::string& why) {
 Status supports(const AttentionParams& p) {
   // Varlen reaches this kernel one dense sequence at a time (forward.cpp); the other mask
   // options run on the SIMT kernels until the tensor-core forward has the mask policy.
-  if (p.mask.has_element_mask() || p.mask.has_window() ||
+  if (p.mask.has_element_mask() || p.mask.has_block_map() || p.mask.has_window() ||
       p.mask.pattern != SparsePattern::kNone || p.mask.is_varlen()) {
-    return unsupported("attn_mask, window, sparse patterns and varlen (they run on the SIMT "
+    return unsupported("attn_mask, block-sparse maps, window, sparse patterns and varlen (they run on the SIMT "
                        "kernels)");
   }
   if (p.dtype == DType::kFloat32 && !p.allow_tf32) {

@@ -31,6 +31,16 @@ struct MaskOptions {
   MaskDType dtype = MaskDType::kBool;
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
 
+  // Block-sparse attention: a (B|1, H|1, ceil(Sq / block_q), ceil(Sk / block_k)) byte map on
+  // the inputs' device (strides in elements, 0 broadcasts); pair (i, j) is visible only where
+  // block_map[b, h, i / block_q, j / block_k] != 0. Key blocks whose entry is 0 are skipped by the
+  // kernels; the element mask above, if any, still applies inside listed blocks. (The torch layer
+  // builds it from FlexAttention's kv_num_blocks / kv_indices tables.)
+  const uint8_t* block_map = nullptr;
+  int64_t block_q = 0, block_k = 0;
+  int64_t block_batch_stride = 0, block_head_stride = 0, block_row_stride = 0,
+          block_col_stride = 0;
+
   // Sliding window around the diagonal: query i sees keys i - window_left <= j <= i +
   // window_right; -1 leaves that side unbounded.
   int64_t window_left = -1;
@@ -53,11 +63,13 @@ struct MaskOptions {
   int64_t total_k = 0;  // rows of the packed k / v (== cu_seqlens_k[batch])
 
   bool has_element_mask() const { return data != nullptr; }
+  bool has_block_map() const { return block_map != nullptr; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
   // True when a key's visibility depends on anything but causal and kv_stride.
   bool any() const {
-    return has_element_mask() || has_window() || pattern != SparsePattern::kNone || is_varlen();
+    return has_element_mask() || has_block_map() || has_window() ||
+           pattern != SparsePattern::kNone || is_varlen();
   }
 };
 
