@@ -60,6 +60,10 @@ Status supports(const AttentionParams& p) {
   return unsupported(
       "this build: the sm_90a kernels were not compiled (no CuTe headers at configure time)");
 #else
+  if (p.mask.any()) {
+    return unsupported("attn_mask, block-sparse maps, window, sparse patterns and varlen (they "
+                       "run on the SIMT kernels)");
+  }
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return unsupported(
         detail::concat("dtype ", dtype_name(p.dtype), " (supported: float16, bfloat16)"));

@@ -252,8 +252,8 @@ __device__ __forceinline__ void consumer(
     const HopperForwardParams<Element, kHeadDim>& params,
     typename KernelTraits<Element, kHeadDim>::SharedStorage& shared,
     typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_k,
-    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_v, int64_t batch_head, int64_t b,
-    int64_t h, int64_t m_begin, int rows, int n_blocks) {
+    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_v, int64_t b, int64_t h,
+    int64_t m_begin, int rows, int n_blocks) {
   using namespace cute;
   using Traits = KernelTraits<Element, kHeadDim>;
   constexpr int kBlockN = Traits::kBlockN;
@@ -415,7 +415,8 @@ __device__ __forceinline__ void consumer(
   }
   if (p.lse != nullptr && lane % 4 == 0) {
     constexpr float kLn2 = 0.6931471805599453f;
-    float* lse = static_cast<float*>(p.lse) + batch_head * p.seqlen_q + m_begin;
+    float* lse =
+        static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + m_begin;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       if (local_row[r] < rows) {
@@ -479,8 +480,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<240>();
-    consumer<Element, kHeadDim>(params, shared, pipeline_k, pipeline_v, batch_head, b, h, m_begin,
-                                rows, n_blocks);
+    consumer<Element, kHeadDim>(params, shared, pipeline_k, pipeline_v, b, h, m_begin, rows,
+                                n_blocks);
   }
 #else
   __trap();  // compiled for sm_90a only; the host never launches it elsewhere

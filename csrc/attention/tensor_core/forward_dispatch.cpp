@@ -44,9 +44,16 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend tensor_core does not support " + why);
 }
 
-// What the call alone decides (dtype, head dims), before any device is queried: a call this
-// path cannot take never touches the CUDA runtime (it may run where no GPU is present).
+// What the call alone decides (dtype, head dims, mask options), before any device is queried: a
+// call this path cannot take never touches the CUDA runtime (it may run where no GPU is present).
 Status supports_call(const AttentionParams& p) {
+  // Varlen reaches this kernel one dense sequence at a time (forward.cpp); the other mask
+  // options run on the SIMT kernels until the tensor-core forward has the mask policy.
+  if (p.mask.any()) {
+    return unsupported(
+        "attn_mask, block-sparse maps, window, sparse patterns and varlen (they run on the SIMT "
+        "kernels)");
+  }
   if (p.dtype == DType::kFloat32 && !p.allow_tf32) {
     return unsupported("dtype float32 without allow_tf32 (it would round the inputs to TF32)");
   }

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "samattn/error.h"
+#include "samattn/mask.h"
 #include "samattn/types.h"
 
 namespace samattn {
@@ -56,6 +57,9 @@ struct AttentionParams {
   // float32 inputs only: let tensor cores compute in TF32 (10-bit mantissa). Off by default, so
   // float32 stays IEEE unless the caller opts in.
   bool allow_tf32 = false;
+  // Element mask, sliding window, Sparse Transformer pattern, variable-length batches
+  // (samattn/mask.h). Combines with causal and kv_stride: a key is visible when all allow it.
+  MaskOptions mask;
 
   Backend backend = Backend::kAuto;
 };
