@@ -2,8 +2,10 @@
 (backend="tensor_core") against torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends,
 in one process, bf16 by default.
 
-Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {1k, 4k, 16k}, D in {64, 128}, causal and
-not, plus (2, 16, 4096, 256). Every method's output is first compared with SDPA flash's on the
+Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {1k, 2k, 4k, 8k, 16k} (--seqlens), D in
+{64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
+with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
+`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run. Every method's output is first compared with SDPA flash's on the
 same inputs (a wrong kernel is reported, not timed). Timing: CUDA events, warm-up, inputs
 rotated past the L2 cache, median of at least 10 runs (samattn.bench.timing.measure).
 
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import samattn
-from samattn.bench.configs import AttentionConfig
+from samattn.bench.configs import DTYPES, AttentionConfig
 from samattn.bench.timing import measure, rotation_count
 
 TOKENS = 16384
@@ -34,9 +36,9 @@ HEADS = 16
 WRONG_ABOVE = 2e-2
 
 
-def configs(dtype: str):
+def configs(dtype: str, seqlens):
     rows = []
-    for seqlen in (1024, 4096, 16384):
+    for seqlen in seqlens:
         for head_dim in (64, 128):
             for causal in (False, True):
                 rows.append(AttentionConfig(TOKENS // seqlen, HEADS, seqlen, head_dim, dtype,
@@ -106,6 +108,56 @@ def bench(cfg: AttentionConfig, min_reps: int) -> dict:
     return row
 
 
+def strided(dtype: str, min_reps: int, stride: int = 4) -> dict:
+    """samattn's kv_stride option against what each competitor would be given."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    cfg = AttentionConfig(4, HEADS, 4096, 128, dtype, False, kv_stride=stride)
+    shape = (cfg.batch, cfg.heads, cfg.seqlen, cfg.head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=cfg.torch_dtype, generator=gen)
+               for _ in range(3))
+    mask = create_block_mask(lambda b, h, qi, ki: ki % stride == 0, None, None, cfg.seqlen,
+                             cfg.seqlen, device="cuda")
+    flex = torch.compile(flex_attention, dynamic=False)
+    view_k, view_v = k[:, :, ::stride], v[:, :, ::stride]
+
+    def on_view(kernel):
+        def run():
+            with sdpa_kernel(kernel):
+                return F.scaled_dot_product_attention(q, view_k, view_v)
+        return run
+
+    methods = {
+        "samattn": lambda: samattn.attention(q, k, v, kv_stride=stride),
+        "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
+        "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
+        "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
+    }
+    reference = methods["sdpa-flash-view"]().float()
+    scale = reference.abs().max().item()
+    row = {"config": cfg.as_dict(), "label": cfg.label(), "flops": cfg.flops(), "methods": {}}
+    for name, run in methods.items():
+        diff = (run().float() - reference).abs().max().item() / scale
+        entry = {"max_rel_diff_vs_flash": diff}
+        if not diff <= WRONG_ABOVE:
+            entry["error"] = f"wrong output: {diff:.3e}"
+        else:
+            timing = measure([run], min_reps=min_reps)
+            entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                         reps=timing.reps,
+                         tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+        row["methods"][name] = entry
+    return row
+
+
+def cublas_tflops(dtype: torch.dtype, n: int = 8192) -> float:
+    """torch.matmul (cuBLAS) n^3 in `dtype`: the tensor-core ceiling measured in this run."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2))
+    timing = measure([lambda: a @ b], min_reps=20)
+    return 2.0 * n**3 / (timing.median_ms * 1e-3) / 1e12
+
+
 def commit() -> str:
     if os.environ.get("SAMATTN_COMMIT"):
         return os.environ["SAMATTN_COMMIT"]
@@ -121,6 +173,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="hopper_forward.json")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--min-reps", type=int, default=10)
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     args = parser.parse_args(argv)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
@@ -128,7 +181,9 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": [],
     }
-    for cfg in configs(args.dtype):
+    result["cublas_8192_tflops"] = cublas_tflops(DTYPES[args.dtype])
+    print(f"cuBLAS {args.dtype} 8192^3: {result['cublas_8192_tflops']:.1f} TFLOPS", flush=True)
+    for cfg in configs(args.dtype, args.seqlens):
         row = bench(cfg, args.min_reps)
         result["rows"].append(row)
         cells = []
@@ -138,7 +193,13 @@ def main(argv=None) -> int:
         flash = row["methods"]["sdpa-flash"].get("tflops")
         ours = row["methods"]["samattn-hopper"].get("tflops")
         ratio = f" | hopper/flash {ours / flash:.2f}x" if flash and ours else ""
-        print(f"{row['label']:<36} " + "  ".join(cells) + ratio, flush=True)
+        hopper_share = f" | {ours / result['cublas_8192_tflops']:.2f} of cuBLAS" if ours else ""
+        print(f"{row['label']:<36} " + "  ".join(cells) + ratio + hopper_share, flush=True)
+    row = strided(args.dtype, args.min_reps)
+    result["strided"] = row
+    print(row["label"] + "  " + "  ".join(
+        f"{n} {e['median_ms']:.3f} ms" if "median_ms" in e else f"{n} ERR"
+        for n, e in row["methods"].items()), flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     errors = [(r["label"], n, e["error"]) for r in result["rows"]
