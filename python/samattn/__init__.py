@@ -14,16 +14,21 @@ from samattn.functional import (
     self_attention,
     strided_attention,
 )
+from samattn.linalg import attention_unfused, gemm, gemm_kernel, softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
     "attention",
+    "attention_unfused",
     "fused_attention",
+    "gemm",
+    "gemm_kernel",
     "nn",
     "ops",
     "scaled_dot_product_attention",
     "selected_backend",
+    "softmax",
     "self_attention",
     "strided_attention",
 ]
