@@ -81,13 +81,20 @@ struct GemmProblem {
     return l * params.c_batch_stride + i * params.c_row_stride + j * params.c_col_stride;
   }
 
-  // The fp64 reference result (in C's storage) and the per-element error bound of `kernel`
-  // ("simt", "simt_fp64", "sm90_wgmma").
+  // The exact product in fp64 (in C's storage, not rounded to the dtype: the kernel's output
+  // is rounded once, and the bound's u_out term covers that) and the per-element error bound
+  // of `kernel` ("simt", "simt_fp64", "sm90_wgmma").
   void expected(HostTensor& ref, std::vector<double>& bound, const std::string& kernel) const {
-    ref = c_in;
+    HostTensor a64(DType::kFloat64, a.size()), b64(DType::kFloat64, b.size());
+    for (int64_t i = 0; i < a.size(); ++i) a64.set(i, a.get(i));
+    for (int64_t i = 0; i < b.size(); ++i) b64.set(i, b.get(i));
+    ref = HostTensor(DType::kFloat64, c_in.size());
+    for (int64_t i = 0; i < c_in.size(); ++i) ref.set(i, c_in.get(i));
     GemmParams p = params;
-    p.a = a.data();
-    p.b = b.data();
+    p.dtype = DType::kFloat64;
+    p.allow_tf32 = false;
+    p.a = a64.data();
+    p.b = b64.data();
     p.c = ref.data();
     reference_gemm(p);
     // |A| |B| in fp64, in a float64 copy of C's layout.
@@ -124,7 +131,9 @@ struct GemmProblem {
           const double src = params.beta != 0.0 ? std::fabs(params.beta * c_in.get(o)) : 0.0;
           // A subnormal floor: results near zero are rounded to the output's grid.
           const double tiny = dtype == DType::kFloat16 ? std::ldexp(1.0, -24) : 0.0;
-          bound[o] = u_out * std::fabs(ref.get(o)) + gamma * (prod + src) + u_in * prod + tiny;
+          // Rounding the computed value, whose own error is the accumulation term.
+          bound[o] = u_out * std::fabs(ref.get(o)) +
+                     (1 + u_out) * (gamma * (prod + src) + u_in * prod) + tiny;
         }
       }
     }

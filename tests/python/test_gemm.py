@@ -36,8 +36,9 @@ def assert_gemm_close(out, a, b, *, alpha=1.0, beta=0.0, c=None, kernel="simt", 
     if kernel == "sm90_wgmma":
         u_acc *= 2
     k = a.shape[-1]
-    bound = (_U_OUT[dtype] * ref.abs() + (k + 2) * u_acc * (prod + src.abs())
-             + (2 * 2.0**-10 * prod if tf32 and kernel == "sm90_wgmma" else 0.0))
+    accumulated = ((k + 2) * u_acc * (prod + src.abs())
+                   + (2 * 2.0**-10 * prod if tf32 and kernel == "sm90_wgmma" else 0.0))
+    bound = _U_OUT[dtype] * ref.abs() + (1 + _U_OUT[dtype]) * accumulated
     if dtype == torch.float16:
         bound = bound + 2.0**-24  # subnormal grid
     got = out.detach().double().cpu()
