@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "common/device.h"
 #include "gemm/gemm_internal.h"
 #include "gemm/sm90/gemm_sm90.h"
 
@@ -75,28 +76,47 @@ std::optional<Normalised> normalise(const GemmParams& in) {
   return out;
 }
 
-template <DType kDType>
+template <DType kDType, bool kStreamK>
 bool can_run_any(const Normalised& n) {
   using namespace sm90;
-  if (n.a_k_major && n.b_k_major) return can_run<kDType, true, true>(n.p);
+  if (n.a_k_major && n.b_k_major) return (kStreamK ? can_run_stream_k<kDType, true, true> : can_run<kDType, true, true>)(n.p);
   if constexpr (kDType == DType::kFloat32) {
     return false;  // TF32: k-major operands only
   } else {
-    if (n.a_k_major) return can_run<kDType, true, false>(n.p);
-    if (n.b_k_major) return can_run<kDType, false, true>(n.p);
-    return can_run<kDType, false, false>(n.p);
+    if (n.a_k_major) return (kStreamK ? can_run_stream_k<kDType, true, false> : can_run<kDType, true, false>)(n.p);
+    if (n.b_k_major) return (kStreamK ? can_run_stream_k<kDType, false, true> : can_run<kDType, false, true>)(n.p);
+    return (kStreamK ? can_run_stream_k<kDType, false, false> : can_run<kDType, false, false>)(n.p);
   }
 }
 
-template <DType kDType>
+template <DType kDType, bool kStreamK>
 void run_any(const Normalised& n, cudaStream_t stream) {
   using namespace sm90;
-  if (n.a_k_major && n.b_k_major) return run<kDType, true, true>(n.p, stream);
+  if (n.a_k_major && n.b_k_major) return (kStreamK ? run_stream_k<kDType, true, true> : run<kDType, true, true>)(n.p, stream);
   if constexpr (kDType != DType::kFloat32) {
-    if (n.a_k_major) return run<kDType, true, false>(n.p, stream);
-    if (n.b_k_major) return run<kDType, false, true>(n.p, stream);
-    return run<kDType, false, false>(n.p, stream);
+    if (n.a_k_major) return (kStreamK ? run_stream_k<kDType, true, false> : run<kDType, true, false>)(n.p, stream);
+    if (n.b_k_major) return (kStreamK ? run_stream_k<kDType, false, true> : run<kDType, false, true>)(n.p, stream);
+    return (kStreamK ? run_stream_k<kDType, false, false> : run<kDType, false, false>)(n.p, stream);
   }
+}
+
+// Stream-K when the output has fewer tiles than the device has SMs: data-parallel tiling
+// would leave SMs idle (skinny M, small squares), and splitting K fills them.
+bool use_stream_k(const Normalised& n) {
+  const int64_t tiles = ((n.p.m + sm90::kSm90TileM - 1) / sm90::kSm90TileM) *
+                        ((n.p.n + sm90::kSm90TileN - 1) / sm90::kSm90TileN) * n.p.batch;
+  return tiles < current_device_info().multiprocessors;
+}
+
+template <DType kDType>
+bool can_run_typed(const Normalised& n) {
+  return use_stream_k(n) ? can_run_any<kDType, true>(n) : can_run_any<kDType, false>(n);
+}
+
+template <DType kDType>
+void run_typed(const Normalised& n, cudaStream_t stream) {
+  if (use_stream_k(n)) return run_any<kDType, true>(n, stream);
+  run_any<kDType, false>(n, stream);
 }
 
 }  // namespace
@@ -109,9 +129,9 @@ bool sm90_gemm_supports(const GemmParams& params) {
   const std::optional<Normalised> n = normalise(params);
   if (!n) return false;
   switch (params.dtype) {
-    case DType::kFloat16: return can_run_any<DType::kFloat16>(*n);
-    case DType::kBFloat16: return can_run_any<DType::kBFloat16>(*n);
-    case DType::kFloat32: return can_run_any<DType::kFloat32>(*n);
+    case DType::kFloat16: return can_run_typed<DType::kFloat16>(*n);
+    case DType::kBFloat16: return can_run_typed<DType::kBFloat16>(*n);
+    case DType::kFloat32: return can_run_typed<DType::kFloat32>(*n);
     default: return false;
   }
 }
@@ -119,9 +139,9 @@ bool sm90_gemm_supports(const GemmParams& params) {
 void launch_sm90_gemm(const GemmParams& params, cudaStream_t stream) {
   const std::optional<Normalised> n = normalise(params);
   switch (params.dtype) {
-    case DType::kFloat16: return run_any<DType::kFloat16>(*n, stream);
-    case DType::kBFloat16: return run_any<DType::kBFloat16>(*n, stream);
-    case DType::kFloat32: return run_any<DType::kFloat32>(*n, stream);
+    case DType::kFloat16: return run_typed<DType::kFloat16>(*n, stream);
+    case DType::kBFloat16: return run_typed<DType::kBFloat16>(*n, stream);
+    case DType::kFloat32: return run_typed<DType::kFloat32>(*n, stream);
     default: return;
   }
 }

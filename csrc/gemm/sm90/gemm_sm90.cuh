@@ -5,8 +5,12 @@
 // 128 x 256 tile) issue wgmma with fp32 accumulators; the epilogue applies alpha/beta and
 // stores through TMA. A 2 x 1 cluster multicasts each B tile to both CTAs of the pair.
 //
-// Problems reach this file normalised by sm90_dispatch.cu: C row-major (unit column stride),
-// A and B each with one unit stride; kAKMajor / kBKMajor say which.
+// Problems reach this file normalised by dispatch.cpp: C row-major (unit column stride),
+// A and B each with one unit stride; kAKMajor / kBKMajor say which. kStreamK swaps the
+// persistent data-parallel tile scheduler for CUTLASS's stream-K scheduler (K split across
+// CTAs, partial tiles reduced in a workspace in a fixed order): the dispatcher uses it when
+// there are fewer output tiles than SMs (skinny and small problems), where data-parallel
+// tiling leaves most SMs idle.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +41,7 @@ struct TileFor<float> {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_32>;
 };
 
-template <class Element, bool kAKMajor, bool kBKMajor>
+template <class Element, bool kAKMajor, bool kBKMajor, bool kStreamK>
 struct Sm90Gemm {
   using LayoutA =
       std::conditional_t<kAKMajor, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
@@ -61,8 +65,10 @@ struct Sm90Gemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
+  using Scheduler = std::conditional_t<kStreamK, cutlass::gemm::StreamKScheduler, void>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
-                                                      CollectiveMainloop, CollectiveEpilogue>;
+                                                      CollectiveMainloop, CollectiveEpilogue,
+                                                      Scheduler>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // Fills a CuTe stride whose modes are (outer, inner, batch); static (unit) modes stay.
