@@ -23,33 +23,41 @@
 
 namespace {
 
-#define CUDA_OK(call)                                                                   \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
+#define CUDA_OK(call)                                                                            \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
-#define CUBLAS_OK(call)                                                          \
-  do {                                                                           \
-    cublasStatus_t s_ = (call);                                                  \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                           \
+#define CUBLAS_OK(call)                                                                         \
+  do {                                                                                          \
+    cublasStatus_t s_ = (call);                                                                 \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
       std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #call, (int)s_); \
-      std::exit(1);                                                              \
-    }                                                                            \
+      std::exit(1);                                                                             \
+    }                                                                                           \
   } while (0)
 
 template <typename T>
 __device__ T from_float(float x);
 template <>
-__device__ float from_float<float>(float x) { return x; }
+__device__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ double from_float<double>(float x) { return x; }
+__device__ double from_float<double>(float x) {
+  return x;
+}
 template <>
-__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // Hash-based uniform values in [-1, 1): reproducible, and different in every element.
 template <typename T>
@@ -67,11 +75,17 @@ __global__ void fill_kernel(T* p, int64_t n, uint32_t seed) {
 }
 
 template <typename T>
-__device__ double to_double(T x) { return static_cast<double>(x); }
+__device__ double to_double(T x) {
+  return static_cast<double>(x);
+}
 template <>
-__device__ double to_double<__half>(__half x) { return __half2float(x); }
+__device__ double to_double<__half>(__half x) {
+  return __half2float(x);
+}
 template <>
-__device__ double to_double<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ double to_double<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 // max |x - y| and max |y| over n elements (for the relative difference to cuBLAS).
 template <typename T>
@@ -152,10 +166,22 @@ Result run_one(cublasHandle_t handle, const Config& cfg, const Shape& s, int rep
   CUDA_OK(cudaMalloc(&c_ours, m * n * esize));
   CUDA_OK(cudaMalloc(&c_ref, m * n * esize));
   switch (cfg.dtype) {
-    case samattn::DType::kBFloat16: fill<__nv_bfloat16>(a, m * k, 1); fill<__nv_bfloat16>(b, k * n, 2); break;
-    case samattn::DType::kFloat16: fill<__half>(a, m * k, 1); fill<__half>(b, k * n, 2); break;
-    case samattn::DType::kFloat32: fill<float>(a, m * k, 1); fill<float>(b, k * n, 2); break;
-    case samattn::DType::kFloat64: fill<double>(a, m * k, 1); fill<double>(b, k * n, 2); break;
+    case samattn::DType::kBFloat16:
+      fill<__nv_bfloat16>(a, m * k, 1);
+      fill<__nv_bfloat16>(b, k * n, 2);
+      break;
+    case samattn::DType::kFloat16:
+      fill<__half>(a, m * k, 1);
+      fill<__half>(b, k * n, 2);
+      break;
+    case samattn::DType::kFloat32:
+      fill<float>(a, m * k, 1);
+      fill<float>(b, k * n, 2);
+      break;
+    case samattn::DType::kFloat64:
+      fill<double>(a, m * k, 1);
+      fill<double>(b, k * n, 2);
+      break;
   }
   CUDA_OK(cudaMemset(c_ours, 0xff, m * n * esize));  // NaN: every element must be written
   samattn::GemmParams p = samattn::make_row_major_gemm(cfg.dtype, a, b, c_ours, m, n, k);
@@ -184,10 +210,18 @@ Result run_one(cublasHandle_t handle, const Config& cfg, const Shape& s, int rep
   CUDA_OK(cudaDeviceSynchronize());
   double diff = 0;
   switch (cfg.dtype) {
-    case samattn::DType::kBFloat16: diff = rel_diff<__nv_bfloat16>(c_ours, c_ref, m * n); break;
-    case samattn::DType::kFloat16: diff = rel_diff<__half>(c_ours, c_ref, m * n); break;
-    case samattn::DType::kFloat32: diff = rel_diff<float>(c_ours, c_ref, m * n); break;
-    case samattn::DType::kFloat64: diff = rel_diff<double>(c_ours, c_ref, m * n); break;
+    case samattn::DType::kBFloat16:
+      diff = rel_diff<__nv_bfloat16>(c_ours, c_ref, m * n);
+      break;
+    case samattn::DType::kFloat16:
+      diff = rel_diff<__half>(c_ours, c_ref, m * n);
+      break;
+    case samattn::DType::kFloat32:
+      diff = rel_diff<float>(c_ours, c_ref, m * n);
+      break;
+    case samattn::DType::kFloat64:
+      diff = rel_diff<double>(c_ours, c_ref, m * n);
+      break;
   }
 
   cudaEvent_t start, stop;
@@ -254,8 +288,7 @@ int main(int argc, char** argv) {
   cublasHandle_t handle;
   CUBLAS_OK(cublasCreate(&handle));
   std::vector<Result> results;
-  std::printf("device %s; median of event-timed launches; ratio = cuBLAS time / ours\n",
-              prop.name);
+  std::printf("device %s; median of event-timed launches; ratio = cuBLAS time / ours\n", prop.name);
   std::printf("%-5s %-6s %6s %6s %6s %-11s %9s %9s %7s %9s\n", "dtype", "kind", "M", "N", "K",
               "kernel", "ours TF/s", "cuBLAS", "ratio", "rel diff");
   for (const Config& cfg : kConfigs) {
@@ -266,9 +299,9 @@ int main(int argc, char** argv) {
       results.push_back(r);
       const double flop = 2.0 * r.m * r.n * r.k;
       std::printf("%-5s %-6s %6lld %6lld %6lld %-11s %9.1f %9.1f %7.3f %9.2e\n", r.dtype.c_str(),
-                  r.kind.c_str(), (long long)r.m, (long long)r.n, (long long)r.k,
-                  r.kernel.c_str(), flop / r.ours_ms * 1e-9, flop / r.cublas_ms * 1e-9,
-                  r.cublas_ms / r.ours_ms, r.max_rel_diff);
+                  r.kind.c_str(), (long long)r.m, (long long)r.n, (long long)r.k, r.kernel.c_str(),
+                  flop / r.ours_ms * 1e-9, flop / r.cublas_ms * 1e-9, r.cublas_ms / r.ours_ms,
+                  r.max_rel_diff);
       std::fflush(stdout);
     }
   }
@@ -286,15 +319,16 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const double flop = 2.0 * r.m * r.n * r.k;
-      std::fprintf(f,
-                   "    {\"dtype\": \"%s\", \"kind\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
-                   "\"kernel\": \"%s\", \"ours_ms\": %.5f, \"cublas_ms\": %.5f, "
-                   "\"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.4f, "
-                   "\"max_rel_diff\": %.3e}%s\n",
-                   r.dtype.c_str(), r.kind.c_str(), (long long)r.m, (long long)r.n,
-                   (long long)r.k, r.kernel.c_str(), r.ours_ms, r.cublas_ms,
-                   flop / r.ours_ms * 1e-9, flop / r.cublas_ms * 1e-9, r.cublas_ms / r.ours_ms,
-                   r.max_rel_diff, i + 1 < results.size() ? "," : "");
+      std::fprintf(
+          f,
+          "    {\"dtype\": \"%s\", \"kind\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+          "\"kernel\": \"%s\", \"ours_ms\": %.5f, \"cublas_ms\": %.5f, "
+          "\"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.4f, "
+          "\"max_rel_diff\": %.3e}%s\n",
+          r.dtype.c_str(), r.kind.c_str(), (long long)r.m, (long long)r.n, (long long)r.k,
+          r.kernel.c_str(), r.ours_ms, r.cublas_ms, flop / r.ours_ms * 1e-9,
+          flop / r.cublas_ms * 1e-9, r.cublas_ms / r.ours_ms, r.max_rel_diff,
+          i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -2,10 +2,10 @@
 // allow_tf32) run the sm_90a wgmma/TMA kernels on Hopper when the layout suits TMA; every
 // other call runs the CUDA-core kernel, which handles any strides (float32 therefore stays
 // IEEE unless the caller opts in to TF32).
+#include "samattn/gemm.h"
 #include "common/check.h"
 #include "common/device.h"
 #include "gemm/gemm_internal.h"
-#include "samattn/gemm.h"
 
 namespace samattn {
 namespace {

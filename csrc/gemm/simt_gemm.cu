@@ -27,8 +27,8 @@ struct SimtArgs {
   int64_t m, n, k;
   int64_t a_rs, a_cs, a_bs, b_rs, b_cs, b_bs, c_rs, c_cs, c_bs;
   double alpha, beta;
-  bool a_k_fast;  // A is walked along k (its column stride is the smaller one)
-  bool b_n_fast;  // B is walked along n
+  bool a_k_fast;      // A is walked along k (its column stride is the smaller one)
+  bool b_n_fast;      // B is walked along n
   bool a_vec, b_vec;  // vector loads are aligned (fast stride 1, aligned pointers and strides)
 };
 
@@ -43,9 +43,13 @@ __device__ __forceinline__ double to_acc(double x, double) { return x; }
 template <typename T>
 __device__ __forceinline__ T from_acc(float x);
 template <>
-__device__ __forceinline__ float from_acc<float>(float x) { return x; }
+__device__ __forceinline__ float from_acc<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_acc<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -79,8 +83,7 @@ __device__ __forceinline__ void load_run(const T* base, int64_t slow, int64_t sl
 }
 
 template <typename T, typename Acc, int BM, int BN, int BK, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
-    simt_gemm_kernel(const SimtArgs args) {
+__global__ void __launch_bounds__((BM / TM) * (BN / TN)) simt_gemm_kernel(const SimtArgs args) {
   constexpr int kThreads = (BM / TM) * (BN / TN);
   constexpr int kThreadsN = BN / TN;
   constexpr int LA = BM * BK / kThreads;  // A elements each thread loads per slice
@@ -189,8 +192,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     if (r >= args.m) continue;
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
-      const int64_t cc =
-          col0 + (j < kHalfN ? tx * kHalfN + j : BN / 2 + tx * kHalfN + j - kHalfN);
+      const int64_t cc = col0 + (j < kHalfN ? tx * kHalfN + j : BN / 2 + tx * kHalfN + j - kHalfN);
       if (cc >= args.n) continue;
       T* dst = c + r * args.c_rs + cc * args.c_cs;
       Acc value = alpha * acc[i][j];
@@ -217,9 +219,27 @@ void launch_typed(const GemmParams& p, cudaStream_t stream) {
   constexpr int kThreads = (BM / TM) * (BN / TN);
   constexpr int LA = BM * BK / kThreads, LB = BN * BK / kThreads;
 
-  SimtArgs args{p.a, p.b, p.c, p.m, p.n, p.k, p.a_row_stride, p.a_col_stride, p.a_batch_stride,
-                p.b_row_stride, p.b_col_stride, p.b_batch_stride, p.c_row_stride,
-                p.c_col_stride, p.c_batch_stride, p.alpha, p.beta, false, false, false, false};
+  SimtArgs args{p.a,
+                p.b,
+                p.c,
+                p.m,
+                p.n,
+                p.k,
+                p.a_row_stride,
+                p.a_col_stride,
+                p.a_batch_stride,
+                p.b_row_stride,
+                p.b_col_stride,
+                p.b_batch_stride,
+                p.c_row_stride,
+                p.c_col_stride,
+                p.c_batch_stride,
+                p.alpha,
+                p.beta,
+                false,
+                false,
+                false,
+                false};
   // Walk each operand along its unit (or smaller) stride; a size-1 dimension's stride is
   // meaningless, so a K x 1 or 1 x K operand is walked along its longer side.
   args.a_k_fast = p.m == 1 || (p.k > 1 && p.a_col_stride <= p.a_row_stride);
@@ -244,10 +264,14 @@ void launch_typed(const GemmParams& p, cudaStream_t stream) {
 
 void launch_simt_gemm(const GemmParams& p, cudaStream_t stream) {
   switch (p.dtype) {
-    case DType::kFloat64: return launch_typed<DType::kFloat64>(p, stream);
-    case DType::kFloat32: return launch_typed<DType::kFloat32>(p, stream);
-    case DType::kFloat16: return launch_typed<DType::kFloat16>(p, stream);
-    case DType::kBFloat16: return launch_typed<DType::kBFloat16>(p, stream);
+    case DType::kFloat64:
+      return launch_typed<DType::kFloat64>(p, stream);
+    case DType::kFloat32:
+      return launch_typed<DType::kFloat32>(p, stream);
+    case DType::kFloat16:
+      return launch_typed<DType::kFloat16>(p, stream);
+    case DType::kBFloat16:
+      return launch_typed<DType::kBFloat16>(p, stream);
   }
 }
 

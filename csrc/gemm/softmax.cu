@@ -93,10 +93,14 @@ void launch_typed(const SoftmaxParams& p, cudaStream_t stream) {
 
 void launch_softmax(const SoftmaxParams& p, cudaStream_t stream) {
   switch (p.dtype) {
-    case DType::kFloat64: return launch_typed<DType::kFloat64>(p, stream);
-    case DType::kFloat32: return launch_typed<DType::kFloat32>(p, stream);
-    case DType::kFloat16: return launch_typed<DType::kFloat16>(p, stream);
-    case DType::kBFloat16: return launch_typed<DType::kBFloat16>(p, stream);
+    case DType::kFloat64:
+      return launch_typed<DType::kFloat64>(p, stream);
+    case DType::kFloat32:
+      return launch_typed<DType::kFloat32>(p, stream);
+    case DType::kFloat16:
+      return launch_typed<DType::kFloat16>(p, stream);
+    case DType::kBFloat16:
+      return launch_typed<DType::kBFloat16>(p, stream);
   }
 }
 

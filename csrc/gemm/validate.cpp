@@ -98,8 +98,8 @@ Status can_implement_gemm(const GemmParams& p) {
   }
   if (!distinct_elements(p.batch, p.m, p.n, p.c_batch_stride, p.c_row_stride, p.c_col_stride)) {
     return fail(concat("c strides (batch ", p.c_batch_stride, ", row ", p.c_row_stride, ", col ",
-                       p.c_col_stride, ") make elements of the ", p.batch, " x ", p.m, " x ",
-                       p.n, " output overlap"));
+                       p.c_col_stride, ") make elements of the ", p.batch, " x ", p.m, " x ", p.n,
+                       " output overlap"));
   }
   if (!std::isfinite(p.alpha)) return fail(concat("alpha must be finite, got ", p.alpha));
   if (!std::isfinite(p.beta)) return fail(concat("beta must be finite, got ", p.beta));

@@ -16,10 +16,10 @@ void reference_gemm(const GemmParams& p) {
       for (int64_t j = 0; j < p.n; ++j) {
         double sum = 0.0;
         for (int64_t q = 0; q < p.k; ++q) {
-          sum += detail::load_as_double(p.a, l * p.a_batch_stride + i * p.a_row_stride +
-                                                 q * p.a_col_stride, p.dtype) *
-                 detail::load_as_double(p.b, l * p.b_batch_stride + q * p.b_row_stride +
-                                                 j * p.b_col_stride, p.dtype);
+          sum += detail::load_as_double(
+                     p.a, l * p.a_batch_stride + i * p.a_row_stride + q * p.a_col_stride, p.dtype) *
+                 detail::load_as_double(
+                     p.b, l * p.b_batch_stride + q * p.b_row_stride + j * p.b_col_stride, p.dtype);
         }
         const int64_t c_offset = l * p.c_batch_stride + i * p.c_row_stride + j * p.c_col_stride;
         // beta == 0 never reads C, so a NaN there does not propagate (BLAS semantics).

@@ -28,11 +28,16 @@ std::string list(at::IntArrayRef values) {
 
 DType dtype_of(const at::Tensor& t, const char* arg) {
   switch (t.scalar_type()) {
-    case at::kDouble: return DType::kFloat64;
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default: break;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    default:
+      break;
   }
   SAMATTN_CHECK_TYPE(false, arg, " dtype must be one of float64, float32, float16, bfloat16, got ",
                      c10::toString(t.scalar_type()));
@@ -52,13 +57,13 @@ std::vector<int64_t> check_operands(const at::Tensor& a, const at::Tensor& b) {
   SAMATTN_CHECK_VALUE(b.device() == a.device(), "b is on ", b.device().str(), " but a is on ",
                       a.device().str(), "; both operands must be on one device");
   SAMATTN_CHECK_VALUE(!a.is_sparse() && !b.is_sparse(), "a and b must be dense tensors");
-  SAMATTN_CHECK_VALUE(a.dim() == 2 || a.dim() == 3, "a must be 2-D (M, K) or 3-D (batch, M, K), got shape ",
-                      list(a.sizes()));
+  SAMATTN_CHECK_VALUE(a.dim() == 2 || a.dim() == 3,
+                      "a must be 2-D (M, K) or 3-D (batch, M, K), got shape ", list(a.sizes()));
   SAMATTN_CHECK_VALUE(b.dim() == a.dim(), "b must have a's rank (", a.dim(), "-D), got shape ",
                       list(b.sizes()));
   const int64_t k = a.size(-1);
-  SAMATTN_CHECK_VALUE(b.size(-2) == k, "b.shape[-2] (", b.size(-2), ") must equal a.shape[-1] (",
-                      k, "): the inner (K) dimensions of a ", list(a.sizes()), " and b ",
+  SAMATTN_CHECK_VALUE(b.size(-2) == k, "b.shape[-2] (", b.size(-2), ") must equal a.shape[-1] (", k,
+                      "): the inner (K) dimensions of a ", list(a.sizes()), " and b ",
                       list(b.sizes()), " differ");
   if (a.dim() == 3) {
     SAMATTN_CHECK_VALUE(b.size(0) == a.size(0), "batch sizes differ: a ", a.size(0), ", b ",
@@ -73,8 +78,8 @@ void check_out(const at::Tensor& out, const at::Tensor& a, const std::vector<int
   SAMATTN_CHECK_TYPE(out.scalar_type() == a.scalar_type(), "out dtype (",
                      c10::toString(out.scalar_type()), ") must match a dtype (",
                      c10::toString(a.scalar_type()), ")");
-  SAMATTN_CHECK_VALUE(out.device() == a.device(), "out is on ", out.device().str(),
-                      " but a is on ", a.device().str());
+  SAMATTN_CHECK_VALUE(out.device() == a.device(), "out is on ", out.device().str(), " but a is on ",
+                      a.device().str());
   SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(shape), "out must have shape ", list(shape),
                       ", got ", list(out.sizes()));
 }
@@ -189,8 +194,9 @@ at::Tensor softmax_op(const at::Tensor& x, double scale, bool causal) {
 
 std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_tf32) {
   const std::vector<int64_t> shape = check_operands(a, b);
-  TORCH_CHECK_VALUE(a.is_cuda(), "samattn: gemm_kernel needs CUDA tensors; CPU tensors run "
-                                 "the fp64 reference");
+  TORCH_CHECK_VALUE(a.is_cuda(),
+                    "samattn: gemm_kernel needs CUDA tensors; CPU tensors run "
+                    "the fp64 reference");
   const at::Tensor out = at::empty(shape, a.options());
   GemmParams p;
   p.dtype = dtype_of(a, "a");

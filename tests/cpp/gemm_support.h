@@ -16,10 +16,10 @@
 namespace samattn::testing {
 
 struct GemmLayout {
-  bool trans_a = false;   // A stored K x M (column-major A)
-  bool trans_b = false;   // B stored N x K
+  bool trans_a = false;  // A stored K x M (column-major A)
+  bool trans_b = false;  // B stored N x K
   bool c_col_major = false;
-  int64_t pad = 0;        // extra elements in every leading dimension
+  int64_t pad = 0;  // extra elements in every leading dimension
   int64_t batch = 1;
   bool broadcast_b = false;  // B's batch stride 0
   double alpha = 1.0, beta = 0.0;
@@ -113,10 +113,22 @@ struct GemmProblem {
     reference_gemm(q);
     double u_out = 0, u_acc = 0, u_in = 0;
     switch (dtype) {
-      case DType::kFloat64: u_out = std::ldexp(1.0, -53); u_acc = u_out; break;
-      case DType::kFloat32: u_out = std::ldexp(1.0, -24); u_acc = u_out; break;
-      case DType::kFloat16: u_out = std::ldexp(1.0, -11); u_acc = std::ldexp(1.0, -24); break;
-      case DType::kBFloat16: u_out = std::ldexp(1.0, -8); u_acc = std::ldexp(1.0, -24); break;
+      case DType::kFloat64:
+        u_out = std::ldexp(1.0, -53);
+        u_acc = u_out;
+        break;
+      case DType::kFloat32:
+        u_out = std::ldexp(1.0, -24);
+        u_acc = u_out;
+        break;
+      case DType::kFloat16:
+        u_out = std::ldexp(1.0, -11);
+        u_acc = std::ldexp(1.0, -24);
+        break;
+      case DType::kBFloat16:
+        u_out = std::ldexp(1.0, -8);
+        u_acc = std::ldexp(1.0, -24);
+        break;
     }
     if (kernel == "sm90_wgmma") u_acc *= 2;
     // TF32 wgmma reads the top 19 bits of each float32 input (truncation: < 2^-10 relative).
@@ -152,16 +164,16 @@ struct GemmProblem {
           const int64_t o = c_offset(l, i, j);
           const double got = out.get(o), want = ref.get(o);
           if (!(std::fabs(got - want) <= bound[o]) && bad++ == 0) {
-            first = "(" + std::to_string(l) + ", " + std::to_string(i) + ", " +
-                    std::to_string(j) + "): got " + std::to_string(got) + ", expected " +
-                    std::to_string(want) + ", bound " + std::to_string(bound[o]);
+            first = "(" + std::to_string(l) + ", " + std::to_string(i) + ", " + std::to_string(j) +
+                    "): got " + std::to_string(got) + ", expected " + std::to_string(want) +
+                    ", bound " + std::to_string(bound[o]);
           }
         }
       }
     }
     if (bad == 0) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << bad << " of " << params.batch * m * n
-                                         << " elements out of bound; first at " << first;
+    return ::testing::AssertionFailure()
+           << bad << " of " << params.batch * m * n << " elements out of bound; first at " << first;
   }
 };
 

@@ -104,8 +104,8 @@ void expect_gemm_error(const GemmParams& p, const std::string& needle) {
 
 TEST(GemmValidation, NamesTheBadField) {
   float buffer[64] = {};
-  const GemmParams good = make_row_major_gemm(DType::kFloat32, buffer, buffer + 16, buffer + 32,
-                                              4, 4, 4);
+  const GemmParams good =
+      make_row_major_gemm(DType::kFloat32, buffer, buffer + 16, buffer + 32, 4, 4, 4);
   EXPECT_TRUE(can_implement_gemm(good).ok()) << can_implement_gemm(good).message();
   GemmParams p = good;
   p.m = 0;

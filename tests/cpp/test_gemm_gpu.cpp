@@ -36,8 +36,8 @@ std::vector<GemmCase> gemm_cases() {
   cases.push_back({"big_1000_129_1000", 1000, 129, 1000, {}});
   GemmLayout l;
   // Layouts on an aligned shape (the tensor-core path where the dtype has one) and on a ragged one.
-  const std::tuple<const char*, int64_t, int64_t, int64_t> shapes[] = {
-      {"aligned", 256, 264, 200}, {"ragged", 129, 7, 1000}};
+  const std::tuple<const char*, int64_t, int64_t, int64_t> shapes[] = {{"aligned", 256, 264, 200},
+                                                                       {"ragged", 129, 7, 1000}};
   for (const auto& [shape, m, n, k] : shapes) {
     const std::string s = shape;
     l = {};
@@ -111,8 +111,8 @@ INSTANTIATE_TEST_SUITE_P(AllDtypes, GemmGpu,
 
 TEST(GemmGpuTf32, MatchesReferenceWithinTf32Bound) {
   SKIP_WITHOUT_GPU();
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{256, 264, 200},
-                                {129, 7, 1000}, {1000, 136, 1000}}) {
+  for (const auto& [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{256, 264, 200}, {129, 7, 1000}, {1000, 136, 1000}}) {
     GemmLayout l;
     l.trans_b = true;  // both operands k-major: the TF32 tensor-core layout
     l.allow_tf32 = true;
@@ -168,16 +168,16 @@ TEST_P(SoftmaxGpu, MatchesReference) {
   EXPECT_TRUE(all_close(out, ref, dtype));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, SoftmaxGpu,
-    ::testing::Combine(::testing::Values(DType::kFloat64, DType::kFloat32, DType::kFloat16,
-                                         DType::kBFloat16),
-                       ::testing::Values<int64_t>(1, 7, 129, 1000, 5000), ::testing::Bool()),
-    [](const auto& info) {
-      return std::string(dtype_name(std::get<0>(info.param))) + "_cols" +
-             std::to_string(std::get<1>(info.param)) +
-             (std::get<2>(info.param) ? "_causal" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, SoftmaxGpu,
+                         ::testing::Combine(::testing::Values(DType::kFloat64, DType::kFloat32,
+                                                              DType::kFloat16, DType::kBFloat16),
+                                            ::testing::Values<int64_t>(1, 7, 129, 1000, 5000),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_cols" +
+                                  std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_causal" : "");
+                         });
 
 }  // namespace
 }  // namespace samattn::testing

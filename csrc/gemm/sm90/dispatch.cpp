@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <optional>
 
-#include "common/device.h"
 #include "gemm/gemm_internal.h"
 #include "gemm/sm90/gemm_sm90.h"
 
@@ -63,10 +62,20 @@ std::optional<Normalised> normalise(const GemmParams& in) {
     return reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes == 0;
   };
   if (!aligned(q.a) || !aligned(q.b) || !aligned(q.c)) return std::nullopt;
-  // Batched TMA tensors: every batch stride a nonzero multiple of 16 bytes (a broadcast
-  // operand, stride 0, runs on the SIMT kernel).
+  // TMA: every non-unit stride a multiple of 16 bytes, and (as the kernels' vectorised
+  // epilogue and CUTLASS's own check expect) each contiguous extent too. Checked here rather
+  // than left to CUTLASS's can_implement alone, so no misaligned call reaches a TMA descriptor.
+  const int64_t unit = kTmaAlignBytes / dtype_size(q.dtype);
+  const int64_t a_lead = out.a_k_major ? q.a_row_stride : q.a_col_stride;
+  const int64_t b_lead = out.b_k_major ? q.b_col_stride : q.b_row_stride;
+  const int64_t a_extent = out.a_k_major ? q.k : q.m;
+  const int64_t b_extent = out.b_k_major ? q.k : q.n;
+  for (const int64_t v : {a_lead, b_lead, q.c_row_stride, a_extent, b_extent, q.n}) {
+    if (v % unit != 0) return std::nullopt;
+  }
+  // Batched: every batch stride a nonzero multiple of 16 bytes (a broadcast operand, stride
+  // 0, runs on the SIMT kernel).
   if (q.batch > 1) {
-    const int64_t unit = kTmaAlignBytes / dtype_size(q.dtype);
     for (const int64_t stride : {q.a_batch_stride, q.b_batch_stride, q.c_batch_stride}) {
       if (stride == 0 || stride % unit != 0) return std::nullopt;
     }
@@ -76,73 +85,62 @@ std::optional<Normalised> normalise(const GemmParams& in) {
   return out;
 }
 
-template <DType kDType, bool kStreamK>
+template <DType kDType>
 bool can_run_any(const Normalised& n) {
   using namespace sm90;
-  if (n.a_k_major && n.b_k_major) return (kStreamK ? can_run_stream_k<kDType, true, true> : can_run<kDType, true, true>)(n.p);
+  if (n.a_k_major && n.b_k_major) return can_run<kDType, true, true>(n.p);
   if constexpr (kDType == DType::kFloat32) {
     return false;  // TF32: k-major operands only
   } else {
-    if (n.a_k_major) return (kStreamK ? can_run_stream_k<kDType, true, false> : can_run<kDType, true, false>)(n.p);
-    if (n.b_k_major) return (kStreamK ? can_run_stream_k<kDType, false, true> : can_run<kDType, false, true>)(n.p);
-    return (kStreamK ? can_run_stream_k<kDType, false, false> : can_run<kDType, false, false>)(n.p);
+    if (n.a_k_major) return can_run<kDType, true, false>(n.p);
+    if (n.b_k_major) return can_run<kDType, false, true>(n.p);
+    return can_run<kDType, false, false>(n.p);
   }
 }
 
-template <DType kDType, bool kStreamK>
+template <DType kDType>
 void run_any(const Normalised& n, cudaStream_t stream) {
   using namespace sm90;
-  if (n.a_k_major && n.b_k_major) return (kStreamK ? run_stream_k<kDType, true, true> : run<kDType, true, true>)(n.p, stream);
+  if (n.a_k_major && n.b_k_major) return run<kDType, true, true>(n.p, stream);
   if constexpr (kDType != DType::kFloat32) {
-    if (n.a_k_major) return (kStreamK ? run_stream_k<kDType, true, false> : run<kDType, true, false>)(n.p, stream);
-    if (n.b_k_major) return (kStreamK ? run_stream_k<kDType, false, true> : run<kDType, false, true>)(n.p, stream);
-    return (kStreamK ? run_stream_k<kDType, false, false> : run<kDType, false, false>)(n.p, stream);
+    if (n.a_k_major) return run<kDType, true, false>(n.p, stream);
+    if (n.b_k_major) return run<kDType, false, true>(n.p, stream);
+    return run<kDType, false, false>(n.p, stream);
   }
-}
-
-// Stream-K when the output has fewer tiles than the device has SMs: data-parallel tiling
-// would leave SMs idle (skinny M, small squares), and splitting K fills them.
-bool use_stream_k(const Normalised& n) {
-  const int64_t tiles = ((n.p.m + sm90::kSm90TileM - 1) / sm90::kSm90TileM) *
-                        ((n.p.n + sm90::kSm90TileN - 1) / sm90::kSm90TileN) * n.p.batch;
-  return tiles < current_device_info().multiprocessors;
-}
-
-template <DType kDType>
-bool can_run_typed(const Normalised& n) {
-  return use_stream_k(n) ? can_run_any<kDType, true>(n) : can_run_any<kDType, false>(n);
-}
-
-template <DType kDType>
-void run_typed(const Normalised& n, cudaStream_t stream) {
-  if (use_stream_k(n)) return run_any<kDType, true>(n, stream);
-  run_any<kDType, false>(n, stream);
 }
 
 }  // namespace
 
 bool sm90_gemm_supports(const GemmParams& params) {
-  const bool tensor_core_dtype =
-      params.dtype == DType::kFloat16 || params.dtype == DType::kBFloat16 ||
-      (params.dtype == DType::kFloat32 && params.allow_tf32);
+  const bool tensor_core_dtype = params.dtype == DType::kFloat16 ||
+                                 params.dtype == DType::kBFloat16 ||
+                                 (params.dtype == DType::kFloat32 && params.allow_tf32);
   if (!tensor_core_dtype) return false;
   const std::optional<Normalised> n = normalise(params);
   if (!n) return false;
   switch (params.dtype) {
-    case DType::kFloat16: return can_run_typed<DType::kFloat16>(*n);
-    case DType::kBFloat16: return can_run_typed<DType::kBFloat16>(*n);
-    case DType::kFloat32: return can_run_typed<DType::kFloat32>(*n);
-    default: return false;
+    case DType::kFloat16:
+      return can_run_any<DType::kFloat16>(*n);
+    case DType::kBFloat16:
+      return can_run_any<DType::kBFloat16>(*n);
+    case DType::kFloat32:
+      return can_run_any<DType::kFloat32>(*n);
+    default:
+      return false;
   }
 }
 
 void launch_sm90_gemm(const GemmParams& params, cudaStream_t stream) {
   const std::optional<Normalised> n = normalise(params);
   switch (params.dtype) {
-    case DType::kFloat16: return run_typed<DType::kFloat16>(*n, stream);
-    case DType::kBFloat16: return run_typed<DType::kBFloat16>(*n, stream);
-    case DType::kFloat32: return run_typed<DType::kFloat32>(*n, stream);
-    default: return;
+    case DType::kFloat16:
+      return run_any<DType::kFloat16>(*n, stream);
+    case DType::kBFloat16:
+      return run_any<DType::kBFloat16>(*n, stream);
+    case DType::kFloat32:
+      return run_any<DType::kFloat32>(*n, stream);
+    default:
+      return;
   }
 }
 

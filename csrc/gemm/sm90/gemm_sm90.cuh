@@ -5,22 +5,20 @@
 // 128 x 256 tile) issue wgmma with fp32 accumulators; the epilogue applies alpha/beta and
 // stores through TMA. A 2 x 1 cluster multicasts each B tile to both CTAs of the pair.
 //
-// Problems reach this file normalised by dispatch.cpp: C row-major (unit column stride),
-// A and B each with one unit stride; kAKMajor / kBKMajor say which. kStreamK swaps the
-// persistent data-parallel tile scheduler for CUTLASS's stream-K scheduler (K split across
-// CTAs, partial tiles reduced in a workspace in a fixed order): the dispatcher uses it when
-// there are fewer output tiles than SMs (skinny and small problems), where data-parallel
-// tiling leaves most SMs idle.
+// Problems reach this file normalised by sm90_dispatch.cu: C row-major (unit column stride),
+// A and B each with one unit stride; kAKMajor / kBKMajor say which.
 #pragma once
 
 #include <cstdint>
 
+// clang-format off
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
+// clang-format on
 
 #include "common/check.h"
 #include "common/cuda_check.h"
@@ -41,7 +39,7 @@ struct TileFor<float> {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_32>;
 };
 
-template <class Element, bool kAKMajor, bool kBKMajor, bool kStreamK>
+template <class Element, bool kAKMajor, bool kBKMajor>
 struct Sm90Gemm {
   using LayoutA =
       std::conditional_t<kAKMajor, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
@@ -54,9 +52,8 @@ struct Sm90Gemm {
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC,
-      kAlignment, Element, LayoutC, kAlignment,
-      cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC, kAlignment,
+      Element, LayoutC, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlignment, Element,
@@ -65,10 +62,8 @@ struct Sm90Gemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
-  using Scheduler = std::conditional_t<kStreamK, cutlass::gemm::StreamKScheduler, void>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
-                                                      CollectiveMainloop, CollectiveEpilogue,
-                                                      Scheduler>;
+                                                      CollectiveMainloop, CollectiveEpilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // Fills a CuTe stride whose modes are (outer, inner, batch); static (unit) modes stay.
@@ -125,8 +120,8 @@ struct Sm90Gemm {
     cutlass::Status status = op.initialize(args, workspace, stream);
     if (status == cutlass::Status::kSuccess) status = op.run(stream);
     if (workspace) SAMATTN_CUDA_CHECK(cudaFreeAsync(workspace, stream));
-    SAMATTN_CHECK(status == cutlass::Status::kSuccess, "sm90 GEMM failed: ",
-                  cutlass::cutlassGetStatusString(status));
+    SAMATTN_CHECK(status == cutlass::Status::kSuccess,
+                  "sm90 GEMM failed: ", cutlass::cutlassGetStatusString(status));
     SAMATTN_CHECK_LAUNCH();
   }
 };

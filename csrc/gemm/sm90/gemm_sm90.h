@@ -14,25 +14,12 @@ template <DType kDType, bool kAKMajor, bool kBKMajor>
 bool can_run(const GemmParams& p);
 template <DType kDType, bool kAKMajor, bool kBKMajor>
 void run(const GemmParams& p, cudaStream_t stream);
-// The same kernels with the stream-K tile scheduler (for problems with fewer tiles than SMs).
-template <DType kDType, bool kAKMajor, bool kBKMajor>
-bool can_run_stream_k(const GemmParams& p);
-template <DType kDType, bool kAKMajor, bool kBKMajor>
-void run_stream_k(const GemmParams& p, cudaStream_t stream);
 
-// Output tile of every sm90 instance (M x N), for the scheduler choice.
-inline constexpr int kSm90TileM = 128;
-inline constexpr int kSm90TileN = 256;
-
-#define SAMATTN_SM90_GEMM_DECLARE(DTYPE, AK, BK)                                    \
-  template <>                                                                       \
-  bool can_run<DType::DTYPE, AK, BK>(const GemmParams& p);                          \
-  template <>                                                                       \
-  void run<DType::DTYPE, AK, BK>(const GemmParams& p, cudaStream_t stream);         \
-  template <>                                                                       \
-  bool can_run_stream_k<DType::DTYPE, AK, BK>(const GemmParams& p);                 \
-  template <>                                                                       \
-  void run_stream_k<DType::DTYPE, AK, BK>(const GemmParams& p, cudaStream_t stream);
+#define SAMATTN_SM90_GEMM_DECLARE(DTYPE, AK, BK)           \
+  template <>                                              \
+  bool can_run<DType::DTYPE, AK, BK>(const GemmParams& p); \
+  template <>                                              \
+  void run<DType::DTYPE, AK, BK>(const GemmParams& p, cudaStream_t stream);
 SAMATTN_SM90_GEMM_DECLARE(kFloat16, true, true)
 SAMATTN_SM90_GEMM_DECLARE(kFloat16, true, false)
 SAMATTN_SM90_GEMM_DECLARE(kFloat16, false, true)
