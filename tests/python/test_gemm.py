@@ -311,3 +311,16 @@ def test_gpu_self_attention_unfused_matches_reference(dtype):
     assert returned is output
     view = x[None, None]
     check_unfused(output[None, None], view, view, view, False)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
+def test_ops_pass_opcheck(device):
+    """Schema, fake (meta) implementations and autograd registration of the GEMM ops."""
+    a = torch.randn(3, 4, 8, device=device)
+    b = torch.randn(3, 8, 16, device=device)
+    out = torch.empty(3, 4, 16, device=device)
+    for op, args in [(torch.ops.samattn.gemm.default, (a, b, 0.5, False)),
+                     (torch.ops.samattn.gemm_out.default, (a, b, out, 1.0, 0.0, False)),
+                     (torch.ops.samattn.softmax.default, (a, 0.5, True))]:
+        result = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in result.values()), result
