@@ -17,6 +17,7 @@ from samattn.functional import (
     strided_attention,
     varlen_attention,
 )
+from samattn.linalg import attention_unfused, gemm, gemm_kernel, softmax
 
 __version__ = "0.1.0"
 
@@ -25,12 +26,16 @@ __all__ = [
     "block_sparse_from_mask",
     "block_sparse_from_pattern",
     "attention",
+    "attention_unfused",
     "fused_attention",
     "fused_attention_with_mask",
+    "gemm",
+    "gemm_kernel",
     "nn",
     "ops",
     "scaled_dot_product_attention",
     "selected_backend",
+    "softmax",
     "self_attention",
     "strided_attention",
     "varlen_attention",

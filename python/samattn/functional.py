@@ -204,9 +204,12 @@ def fused_attention_with_mask(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor) -> 
     return attention(Q, K, V, attn_mask=mask)
 
 
-def self_attention(x: Tensor, output: Tensor, d: int) -> Tensor:
+def self_attention(x: Tensor, output: Tensor, d: int, fused: bool = True) -> Tensor:
     """Seed 002's entry point: attention of the (N, d) matrix x with itself (Q = K = V = x,
     scale 1/sqrt(d)), written into `output` (N, d). Returns `output`.
+
+    fused=False runs seed 002's unfused design instead (samattn.attention_unfused: GEMM, row
+    softmax, GEMM, with the N x N scores in memory).
 
     Not differentiable: it writes into `output` through attention_forward_into, which has no
     backward (use samattn.attention for gradients); x requiring grad raises RuntimeError."""
@@ -224,6 +227,10 @@ def self_attention(x: Tensor, output: Tensor, d: int) -> Tensor:
     if torch.is_grad_enabled() and x.requires_grad:
         raise RuntimeError("samattn.self_attention writes into `output` and is not "
                            "differentiable; use samattn.attention(q, k, v) for gradients")
+    if not fused:
+        from samattn.linalg import attention_unfused
+        output.copy_(attention_unfused(x, x, x, scale=1.0 / math.sqrt(d)))
+        return output
     view = x.view(1, 1, *x.shape)
     ops.attention_forward_into(view, view, view, output.view(1, 1, *output.shape),
                                1.0 / math.sqrt(d), False, 1, "auto")

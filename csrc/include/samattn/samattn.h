@@ -3,5 +3,6 @@
 
 #include "samattn/attention.h"
 #include "samattn/error.h"
+#include "samattn/gemm.h"
 #include "samattn/types.h"
 #include "samattn/version.h"

@@ -152,6 +152,25 @@ def _unfused() -> Method:
     return Method("torch-unfused", unsupported, forward)
 
 
+def _samattn_unfused() -> Method:
+    """Seed 002's design on samattn's own kernels: GEMM, row softmax, GEMM."""
+
+    def unsupported(cfg):
+        if cfg.kv_stride != 1 or cfg.kv_heads != cfg.heads:
+            return "dense multi-head attention only"
+        if cfg.direction == "bwd":
+            return "not differentiable"
+        if cfg.batch * cfg.heads * cfg.seqlen * cfg.kept_keys * 4 > 16e9:
+            return "would materialise more than 16 GB of scores"
+        return None
+
+    def forward(cfg, inputs):
+        q, k, v = inputs
+        return samattn.attention_unfused(q, k, v, causal=cfg.causal)
+
+    return Method("samattn-unfused", unsupported, forward)
+
+
 def naive_strided_loop(q, k, v, stride):
     """Seed 000's naive reference: one query position per Python loop iteration."""
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -186,5 +205,5 @@ def _naive_loop() -> Method:
 def all_methods() -> dict:
     methods = [_samattn("auto"), _samattn("simt"), _sdpa("flash"), _sdpa("cudnn"),
                _sdpa("efficient"), _sdpa("math"), _sdpa_default(), _flex(), _unfused(),
-               _naive_loop()]
+               _samattn_unfused(), _naive_loop()]
     return {m.name: m for m in methods}
