@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/alignment.h"
 #include "attention/hopper/forward_config.h"
 #include "attention/hopper/forward_launch.h"
 #include "attention/validate.h"
@@ -17,41 +18,6 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend hopper does not support " + why);
 }
 
-std::string supported_head_dims() {
-  std::string list;
-  for (int d : kSupportedHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
-  return list;
-}
-
-// TMA reads q, k and v through descriptors whose base address must be 16-byte aligned and whose
-// strides (those of dimensions longer than 1; the launcher replaces the others) must be positive
-// multiples of 16 bytes below 2^40 (`via_tma`). The output is written with plain 4-byte stores
-// and only needs the 16-byte multiples of the sm80 path. Returns "" or what is wrong.
-std::string misalignment(const char* name, const void* pointer, const Strides& strides,
-                         int64_t row_stride, int64_t batch, int64_t heads, int64_t rows,
-                         int element_bytes, bool via_tma) {
-  constexpr int64_t kAlign = 16;
-  constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
-  if (reinterpret_cast<uintptr_t>(pointer) % kAlign != 0) {
-    return detail::concat(name, " pointer ", pointer, " is not 16-byte aligned");
-  }
-  const struct {
-    const char* what;
-    int64_t stride;
-    int64_t extent;
-  } steps[] = {
-      {"batch", strides.batch, batch}, {"head", strides.head, heads}, {"row", row_stride, rows}};
-  for (const auto& step : steps) {
-    if (step.extent <= 1) continue;
-    const int64_t bytes = step.stride * element_bytes;
-    if (bytes % kAlign != 0 || (via_tma && (bytes <= 0 || bytes >= kMaxStrideBytes))) {
-      return detail::concat(name, " ", step.what, " stride ", step.stride,
-                            " elements (TMA needs a positive multiple of 16 bytes below 2^40)");
-    }
-  }
-  return "";
-}
-
 }  // namespace
 
 Status supports(const AttentionParams& p) {
@@ -61,8 +27,9 @@ Status supports(const AttentionParams& p) {
       "this build: the sm_90a kernels were not compiled (no CuTe headers at configure time)");
 #else
   if (p.mask.any()) {
-    return unsupported("attn_mask, block-sparse maps, window, sparse patterns and varlen (they "
-                       "run on the SIMT kernels)");
+    return unsupported(
+        "attn_mask, block-sparse maps, window, sparse patterns and varlen (they "
+        "run on the SIMT kernels)");
   }
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return unsupported(
@@ -73,8 +40,8 @@ Status supports(const AttentionParams& p) {
                                       " (they must be equal)"));
   }
   if (!is_supported_head_dim(p.head_dim)) {
-    return unsupported(
-        detail::concat("head_dim ", p.head_dim, " (supported: ", supported_head_dims(), ")"));
+    return unsupported(detail::concat(
+        "head_dim ", p.head_dim, " (supported: ", detail::comma_list(kSupportedHeadDims), ")"));
   }
   const detail::DeviceInfo& device = detail::current_device_info();
   if (device.major != 9 || device.minor != 0) {
@@ -97,17 +64,19 @@ Status supports(const AttentionParams& p) {
   }
   // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
   const int64_t keys = detail::strided_key_count(p);
+  // q, k and v are read through TMA descriptors; the output is written with plain 4-byte stores
+  // and only needs the 16-byte multiples of the sm80 path.
   const std::string misaligned[] = {
-      misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q, bytes,
-                   true),
+      detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
+                           bytes, detail::StrideRule::kTma),
       keys == 0 ? ""
-                : misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch,
-                               p.heads_kv, keys, bytes, true),
+                : detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride,
+                                       p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma),
       keys == 0 ? ""
-                : misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch,
-                               p.heads_kv, keys, bytes, true),
-      misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q, p.seqlen_q,
-                   bytes, false)};
+                : detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride,
+                                       p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma),
+      detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
+                           p.seqlen_q, bytes)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }
@@ -129,7 +98,7 @@ void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t s
       return launch_forward<kDType, 256>(params, stream);
   }
   SAMATTN_CHECK(false, "backend hopper does not support head_dim ", params.head_dim,
-                " (supported: ", supported_head_dims(), ")");
+                " (supported: ", detail::comma_list(kSupportedHeadDims), ")");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/alignment.h"
 #include "attention/tensor_core/forward_config.h"
 #include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
@@ -9,36 +10,6 @@
 
 namespace samattn::tensor_core {
 namespace {
-
-std::string supported_head_dims() {
-  std::string list;
-  for (int d : kSupportedHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
-  return list;
-}
-
-// The kernel moves 16-byte vectors: a base pointer and every stride it steps along (those of
-// dimensions longer than 1) must be multiples of 16 bytes. Returns "" or what is misaligned.
-std::string misalignment(const char* name, const void* pointer, const Strides& strides,
-                         int64_t row_stride, int64_t batch, int64_t heads, int64_t rows,
-                         int element_bytes) {
-  constexpr int64_t kAlign = 16;
-  if (reinterpret_cast<uintptr_t>(pointer) % kAlign != 0) {
-    return detail::concat(name, " pointer ", pointer, " is not 16-byte aligned");
-  }
-  const struct {
-    const char* what;
-    int64_t stride;
-    int64_t extent;
-  } steps[] = {
-      {"batch", strides.batch, batch}, {"head", strides.head, heads}, {"row", row_stride, rows}};
-  for (const auto& step : steps) {
-    if (step.extent > 1 && step.stride * element_bytes % kAlign != 0) {
-      return detail::concat(name, " ", step.what, " stride ", step.stride,
-                            " elements is not a multiple of 16 bytes");
-    }
-  }
-  return "";
-}
 
 Status unsupported(const std::string& why) {
   return Status::failure("backend tensor_core does not support " + why);
@@ -66,8 +37,8 @@ Status supports_call(const AttentionParams& p) {
                                       " (they must be equal)"));
   }
   if (!is_supported_head_dim(p.head_dim)) {
-    return unsupported(
-        detail::concat("head_dim ", p.head_dim, " (supported: ", supported_head_dims(), ")"));
+    return unsupported(detail::concat(
+        "head_dim ", p.head_dim, " (supported: ", detail::comma_list(kSupportedHeadDims), ")"));
   }
   return Status::success();
 }
@@ -94,13 +65,14 @@ Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
   }
   const int64_t keys = detail::strided_key_count(p);
   const std::string misaligned[] = {
-      misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q, bytes),
-      misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch, p.heads_kv, keys,
-                   bytes),
-      misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch, p.heads_kv, keys,
-                   bytes),
-      misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q, p.seqlen_q,
-                   bytes)};
+      detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
+                           bytes),
+      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch,
+                           p.heads_kv, keys, bytes),
+      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch,
+                           p.heads_kv, keys, bytes),
+      detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
+                           p.seqlen_q, bytes)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }
@@ -126,7 +98,7 @@ void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t s
       return launch_forward<kDType, 256>(params, stream);
   }
   SAMATTN_CHECK(false, "backend tensor_core does not support head_dim ", params.head_dim,
-                " (supported: ", supported_head_dims(), ")");
+                " (supported: ", detail::comma_list(kSupportedHeadDims), ")");
 }
 
 }  // namespace
