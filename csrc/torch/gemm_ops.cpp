@@ -11,44 +11,16 @@
 
 #include "common/check.h"
 #include "samattn/gemm.h"
-
-#define SAMATTN_CHECK_VALUE(cond, ...) \
-  TORCH_CHECK_VALUE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
-#define SAMATTN_CHECK_TYPE(cond, ...) \
-  TORCH_CHECK_TYPE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
+#include "torch_checks.h"
 
 namespace samattn::torch_ops {
 namespace {
-
-std::string list(at::IntArrayRef values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
-
-DType dtype_of(const at::Tensor& t, const char* arg) {
-  switch (t.scalar_type()) {
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      break;
-  }
-  SAMATTN_CHECK_TYPE(false, arg, " dtype must be one of float64, float32, float16, bfloat16, got ",
-                     c10::toString(t.scalar_type()));
-  return DType::kFloat32;
-}
 
 // Checks a and b (2-D (M, K) x (K, N) or 3-D batched) and returns the output's shape.
 std::vector<int64_t> check_operands(const at::Tensor& a, const at::Tensor& b) {
   SAMATTN_CHECK_VALUE(a.defined(), "a must be a tensor, got None");
   SAMATTN_CHECK_VALUE(b.defined(), "b must be a tensor, got None");
-  dtype_of(a, "a");
+  to_dtype(a.scalar_type(), "a");
   SAMATTN_CHECK_TYPE(b.scalar_type() == a.scalar_type(), "b dtype (",
                      c10::toString(b.scalar_type()), ") must match a dtype (",
                      c10::toString(a.scalar_type()), ")");
@@ -58,13 +30,14 @@ std::vector<int64_t> check_operands(const at::Tensor& a, const at::Tensor& b) {
                       a.device().str(), "; both operands must be on one device");
   SAMATTN_CHECK_VALUE(!a.is_sparse() && !b.is_sparse(), "a and b must be dense tensors");
   SAMATTN_CHECK_VALUE(a.dim() == 2 || a.dim() == 3,
-                      "a must be 2-D (M, K) or 3-D (batch, M, K), got shape ", list(a.sizes()));
+                      "a must be 2-D (M, K) or 3-D (batch, M, K), got shape ",
+                      shape_list(a.sizes()));
   SAMATTN_CHECK_VALUE(b.dim() == a.dim(), "b must have a's rank (", a.dim(), "-D), got shape ",
-                      list(b.sizes()));
+                      shape_list(b.sizes()));
   const int64_t k = a.size(-1);
   SAMATTN_CHECK_VALUE(b.size(-2) == k, "b.shape[-2] (", b.size(-2), ") must equal a.shape[-1] (", k,
-                      "): the inner (K) dimensions of a ", list(a.sizes()), " and b ",
-                      list(b.sizes()), " differ");
+                      "): the inner (K) dimensions of a ", shape_list(a.sizes()), " and b ",
+                      shape_list(b.sizes()), " differ");
   if (a.dim() == 3) {
     SAMATTN_CHECK_VALUE(b.size(0) == a.size(0), "batch sizes differ: a ", a.size(0), ", b ",
                         b.size(0));
@@ -80,8 +53,8 @@ void check_out(const at::Tensor& out, const at::Tensor& a, const std::vector<int
                      c10::toString(a.scalar_type()), ")");
   SAMATTN_CHECK_VALUE(out.device() == a.device(), "out is on ", out.device().str(), " but a is on ",
                       a.device().str());
-  SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(shape), "out must have shape ", list(shape),
-                      ", got ", list(out.sizes()));
+  SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(shape), "out must have shape ",
+                      shape_list(shape), ", got ", shape_list(out.sizes()));
 }
 
 // Strides of the last two dimensions, and of the first for 3-D tensors (0 for 2-D).
@@ -94,7 +67,7 @@ void strides_of(const at::Tensor& t, int64_t& row, int64_t& col, int64_t& batch)
 void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha,
               double beta, bool allow_tf32) {
   GemmParams p;
-  p.dtype = dtype_of(a, "a");
+  p.dtype = to_dtype(a.scalar_type(), "a");
   p.a = a.data_ptr();
   p.b = b.data_ptr();
   p.c = out.data_ptr();
@@ -151,13 +124,13 @@ void gemm_out_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
 // the last two dimensions. Returns a contiguous tensor of x's shape and dtype.
 at::Tensor softmax_op(const at::Tensor& x, double scale, bool causal) {
   SAMATTN_CHECK_VALUE(x.defined(), "x must be a tensor, got None");
-  const DType dtype = dtype_of(x, "x");
+  const DType dtype = to_dtype(x.scalar_type(), "x");
   SAMATTN_CHECK_VALUE(x.device().is_cuda() || x.device().is_cpu(),
                       "x must be on a CUDA device or the CPU, got ", x.device().str());
   SAMATTN_CHECK_VALUE(x.dim() >= 1, "x must have at least 1 dimension");
   SAMATTN_CHECK_VALUE(!causal || x.dim() >= 2,
                       "causal softmax needs x with at least 2 dimensions (rows, cols), got shape ",
-                      list(x.sizes()));
+                      shape_list(x.sizes()));
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return out;
   const int64_t cols = x.size(-1);
@@ -199,7 +172,7 @@ std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_
                     "the fp64 reference");
   const at::Tensor out = at::empty(shape, a.options());
   GemmParams p;
-  p.dtype = dtype_of(a, "a");
+  p.dtype = to_dtype(a.scalar_type(), "a");
   p.a = a.data_ptr();
   p.b = b.data_ptr();
   p.c = out.data_ptr();

@@ -6,20 +6,10 @@
 
 #include "common/check.h"
 #include "tensor_params.h"
-
-#define SAMATTN_CHECK_VALUE(cond, ...) \
-  TORCH_CHECK_VALUE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
-#define SAMATTN_CHECK_TYPE(cond, ...) \
-  TORCH_CHECK_TYPE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
+#include "torch_checks.h"
 
 namespace samattn::torch_ops {
 namespace {
-
-std::string list(at::IntArrayRef values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
 
 MaskDType to_mask_dtype(at::ScalarType type) {
   switch (type) {
@@ -57,7 +47,7 @@ void check_cu_seqlens(const at::Tensor& cu, const at::Tensor& query, int64_t tot
   SAMATTN_CHECK_VALUE(cu.device() == query.device(), name, " is on ", cu.device().str(),
                       " but query is on ", query.device().str(), "; it must be on the same device");
   SAMATTN_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 1, name,
-                      " must be 1-D with batch + 1 entries, got shape ", list(cu.sizes()));
+                      " must be 1-D with batch + 1 entries, got shape ", shape_list(cu.sizes()));
   SAMATTN_CHECK_VALUE(cu.is_contiguous(), name, " must be contiguous");
   // One small host copy (a synchronisation on CUDA) buys named errors instead of out-of-bounds
   // reads in the kernels.
@@ -79,30 +69,36 @@ void check_cu_seqlens(const at::Tensor& cu, const at::Tensor& query, int64_t tot
 void check_packed(const at::Tensor& t, const char* arg) {
   SAMATTN_CHECK_VALUE(t.defined(), arg, " must be a tensor, got None");
   SAMATTN_CHECK_VALUE(t.dim() == 3, arg, " must be 3-D (total_tokens, heads, head_dim), got shape ",
-                      list(t.sizes()));
+                      shape_list(t.sizes()));
   SAMATTN_CHECK_VALUE(t.stride(2) == 1 || t.size(2) <= 1, arg,
-                      " must be contiguous in its last dimension, got strides ", list(t.strides()));
+                      " must be contiguous in its last dimension, got strides ",
+                      shape_list(t.strides()));
 }
 
 void bind_block_map(AttentionParams& params, const at::Tensor& query, const at::Tensor& map,
                     int64_t block_q, int64_t block_k) {
   SAMATTN_CHECK_TYPE(map.scalar_type() == at::kBool || map.scalar_type() == at::kByte,
-                     "block_map dtype must be bool or uint8, got ", c10::toString(map.scalar_type()));
+                     "block_map dtype must be bool or uint8, got ",
+                     c10::toString(map.scalar_type()));
   SAMATTN_CHECK_VALUE(map.device() == query.device(), "block_map is on ", map.device().str(),
                       " but query is on ", query.device().str());
-  SAMATTN_CHECK_VALUE(block_q >= 1 && block_k >= 1, "block sizes must be >= 1, got block_q = ",
-                      block_q, ", block_k = ", block_k);
+  SAMATTN_CHECK_VALUE(block_q >= 1 && block_k >= 1,
+                      "block sizes must be >= 1, got block_q = ", block_q, ", block_k = ", block_k);
   const int64_t q_blocks = (params.seqlen_q + block_q - 1) / block_q;
   const int64_t k_blocks = (params.seqlen_k + block_k - 1) / block_k;
   const std::vector<int64_t> full{params.batch, params.heads_q, q_blocks, k_blocks};
-  SAMATTN_CHECK_VALUE(map.dim() == 4, "block_map must be 4-D (batch|1, heads|1, query blocks, "
-                      "key blocks) = ", list(full), ", got shape ", list(map.sizes()));
+  SAMATTN_CHECK_VALUE(map.dim() == 4,
+                      "block_map must be 4-D (batch|1, heads|1, query blocks, "
+                      "key blocks) = ",
+                      shape_list(full), ", got shape ", shape_list(map.sizes()));
   int64_t strides[4];
   for (int64_t d = 0; d < 4; ++d) {
     const bool broadcast_ok = d < 2 && map.size(d) == 1;
     SAMATTN_CHECK_VALUE(map.size(d) == full[d] || broadcast_ok, "block_map of shape ",
-                        list(map.sizes()), " does not match (batch|1, heads|1, ceil(Sq / block_q), "
-                        "ceil(Sk / block_k)) = ", list(full), " in dimension ", d);
+                        shape_list(map.sizes()),
+                        " does not match (batch|1, heads|1, ceil(Sq / block_q), "
+                        "ceil(Sk / block_k)) = ",
+                        shape_list(full), " in dimension ", d);
     strides[d] = map.size(d) == 1 ? 0 : map.stride(d);
   }
   MaskOptions& m = params.mask;
@@ -143,15 +139,15 @@ void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArgum
   SAMATTN_CHECK_VALUE(mask.dim() >= 2 && mask.dim() <= 4,
                       "attn_mask must have 2 to 4 dimensions "
                       "broadcastable to (batch, heads, seq_len_q, seq_len_k) = ",
-                      list(full), ", got shape ", list(mask.sizes()));
+                      shape_list(full), ", got shape ", shape_list(mask.sizes()));
   // Right-aligned broadcasting, as torch does: missing leading dimensions have size 1.
   int64_t strides[4] = {0, 0, 0, 0};
   const int64_t offset = 4 - mask.dim();
   for (int64_t d = 0; d < mask.dim(); ++d) {
     const int64_t size = mask.size(d), want = full[offset + d];
     SAMATTN_CHECK_VALUE(
-        size == want || size == 1, "attn_mask of shape ", list(mask.sizes()),
-        " is not broadcastable to (batch, heads, seq_len_q, seq_len_k) = ", list(full),
+        size == want || size == 1, "attn_mask of shape ", shape_list(mask.sizes()),
+        " is not broadcastable to (batch, heads, seq_len_q, seq_len_k) = ", shape_list(full),
         ": dimension ", d, " has size ", size, ", expected ", want, " or 1");
     strides[offset + d] = (size == 1) ? 0 : mask.stride(d);
   }
@@ -178,7 +174,7 @@ AttentionParams make_varlen_params(const at::Tensor& query, const at::Tensor& ke
                           cu_seqlens_q.size(0) == cu_seqlens_k.size(0),
                       "cu_seqlens_q and cu_seqlens_k must be 1-D with the same length (batch + 1), "
                       "got shapes ",
-                      list(cu_seqlens_q.sizes()), " and ", list(cu_seqlens_k.sizes()));
+                      shape_list(cu_seqlens_q.sizes()), " and ", shape_list(cu_seqlens_k.sizes()));
   check_cu_seqlens(cu_seqlens_q, query, query.size(0), max_seqlen_q, "cu_seqlens_q",
                    "max_seqlen_q");
   check_cu_seqlens(cu_seqlens_k, query, key.size(0), max_seqlen_k, "cu_seqlens_k", "max_seqlen_k");

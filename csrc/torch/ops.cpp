@@ -131,9 +131,9 @@ std::tuple<at::Tensor, at::Tensor> varlen_forward_op(
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
     int64_t window_right, bool return_lse, c10::string_view backend) {
-  AttentionParams params = make_varlen_params(
-      query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      {scale, causal, 1, std::string_view(backend.data(), backend.size())});
+  AttentionParams params =
+      make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         {scale, causal, 1, std::string_view(backend.data(), backend.size())});
   params.mask.window_left = window_left;
   params.mask.window_right = window_right;
   at::Tensor out = at::empty({query.size(0), query.size(1), value.size(2)}, query.options());
@@ -149,14 +149,13 @@ std::tuple<at::Tensor, at::Tensor> varlen_forward_op(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
-    const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key,
-    const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse,
-    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
-    int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right) {
+    const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right) {
   AttentionParams forward =
-      make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, {scale, causal, 1, "auto"});
+      make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         {scale, causal, 1, "auto"});
   forward.mask.window_left = window_left;
   forward.mask.window_right = window_right;
   const std::vector<int64_t> out_shape{query.size(0), query.size(1), value.size(2)};

@@ -3,28 +3,17 @@
 #include <c10/util/Exception.h>
 
 #include "common/check.h"
-
-// TORCH_CHECK_VALUE / TORCH_CHECK_TYPE with a message built by samattn's formatter (see
-// common/check.h for why no iostreams): c10 passes a ready std::string through untouched.
-#define SAMATTN_CHECK_VALUE(cond, ...) \
-  TORCH_CHECK_VALUE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
-#define SAMATTN_CHECK_TYPE(cond, ...) \
-  TORCH_CHECK_TYPE(cond, ::samattn::detail::concat("samattn: ", __VA_ARGS__))
+#include "torch_checks.h"
 
 namespace samattn::torch_ops {
-namespace {
 
-std::string list(at::IntArrayRef values) {
+std::string shape_list(at::IntArrayRef values) {
   std::string out = "[";
   for (size_t i = 0; i < values.size(); ++i) {
     out += (i ? ", " : "") + std::to_string(values[i]);
   }
   return out + "]";
 }
-
-const char* name(at::ScalarType type) { return c10::toString(type); }
-
-std::string name(const at::Device& device) { return device.str(); }
 
 DType to_dtype(at::ScalarType type, const char* arg) {
   switch (type) {
@@ -40,26 +29,32 @@ DType to_dtype(at::ScalarType type, const char* arg) {
       break;
   }
   SAMATTN_CHECK_TYPE(false, arg, " dtype must be one of float64, float32, float16, bfloat16, got ",
-                     name(type));
+                     c10::toString(type));
 }
+
+namespace {
+
+const char* name(at::ScalarType type) { return c10::toString(type); }
+
+std::string name(const at::Device& device) { return device.str(); }
 
 Backend to_backend(std::string_view name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "simt") return Backend::kSimt;
   if (name == "tensor_core") return Backend::kTensorCore;
   if (name == "hopper") return Backend::kHopper;
-  SAMATTN_CHECK_VALUE(false, "backend must be one of 'auto', 'simt', 'tensor_core', 'hopper', got '", name,
-                      "'");
+  SAMATTN_CHECK_VALUE(
+      false, "backend must be one of 'auto', 'simt', 'tensor_core', 'hopper', got '", name, "'");
 }
 
 void check_layout(const at::Tensor& t, const char* arg) {
   SAMATTN_CHECK_VALUE(t.defined(), arg, " must be a tensor, got None");
   SAMATTN_CHECK_VALUE(t.dim() == 4, arg,
                       " must be 4-D (batch, heads, seq_len, head_dim), got shape ",
-                      list(t.sizes()));
+                      shape_list(t.sizes()));
   SAMATTN_CHECK_VALUE(t.stride(3) == 1 || t.size(3) <= 1, arg,
                       " must be contiguous in its last dimension (stride 1), got strides ",
-                      list(t.strides()), "; call .contiguous() first");
+                      shape_list(t.strides()), "; call .contiguous() first");
   SAMATTN_CHECK_VALUE(!t.is_sparse(), arg, " must be a dense tensor");
 }
 
@@ -141,12 +136,12 @@ void check_output(const at::Tensor& out, const at::Tensor& query, const Attentio
                       " but query is on ", name(query.device()));
   const std::vector<int64_t> expected{p.batch, p.heads_q, p.seqlen_q, p.head_dim_v};
   SAMATTN_CHECK_VALUE(out.sizes() == at::IntArrayRef(expected), arg, " must have shape ",
-                      list(expected), ", got ", list(out.sizes()));
+                      shape_list(expected), ", got ", shape_list(out.sizes()));
   // An empty tensor's strides are never used (the expanded gradient of an empty output has
   // strides 0).
   SAMATTN_CHECK_VALUE(out.numel() == 0 || out.stride(3) == 1 || out.size(3) <= 1, arg,
                       " must be contiguous in its last dimension, got strides ",
-                      list(out.strides()));
+                      shape_list(out.strides()));
 }
 
 void check_lse(const at::Tensor& lse, const at::Tensor& query, const AttentionParams& p) {
@@ -158,10 +153,10 @@ void check_lse(const at::Tensor& lse, const at::Tensor& query, const AttentionPa
                       " but query is on ", name(query.device()));
   const std::vector<int64_t> expected{p.batch, p.heads_q, p.seqlen_q};
   SAMATTN_CHECK_VALUE(lse.sizes() == at::IntArrayRef(expected), "lse must have shape ",
-                      list(expected), " (the forward's return_lse=True output), got ",
-                      list(lse.sizes()));
+                      shape_list(expected), " (the forward's return_lse=True output), got ",
+                      shape_list(lse.sizes()));
   SAMATTN_CHECK_VALUE(lse.is_contiguous(), "lse must be contiguous, got strides ",
-                      list(lse.strides()));
+                      shape_list(lse.strides()));
 }
 
 void set_output(AttentionParams& p, const at::Tensor& out) {
