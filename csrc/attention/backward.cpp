@@ -8,6 +8,7 @@
 #include "attention/simt/backward_launch.h"
 #include "attention/tensor_core/backward_launch.h"
 #include "attention/validate.h"
+#include "attention/varlen.h"
 #include "common/check.h"
 #include "samattn/attention.h"
 
@@ -50,6 +51,8 @@ size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
 // why not. kAuto: the tensor-core backward where it supports the call.
 bool use_tensor_core(const AttentionBackwardParams& bp) {
   if (bp.forward.backend == Backend::kSimt || simt_forced_by_environment()) return false;
+  // Mask options and varlen run on the SIMT backward, whatever backend was asked for.
+  if (bp.forward.mask.any()) return false;
   const Status status = tensor_core::backward_supports(bp);
   if (bp.forward.backend == Backend::kTensorCore) SAMATTN_CHECK(status.ok(), status.message());
   return status.ok();
@@ -96,6 +99,19 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
+  if (p.mask.is_varlen()) {
+    // One dense sequence at a time (attention/varlen.h) on the SIMT kernels; the workspace is
+    // reused in stream order.
+    for (const detail::VarlenSequence& s : detail::read_varlen_sequences(p, stream)) {
+      if (s.seqlen_q == 0 && s.seqlen_k == 0) continue;
+      detail::BackwardKernelParams kernel_params =
+          make_backward_kernel_params(detail::sequence_backward_params(params, s));
+      kernel_params.fwd.lse_batch_stride = 0;
+      kernel_params.fwd.lse_head_stride = p.mask.total_q;  // lse is (Hq, total_q)
+      simt::dispatch_backward(p.dtype, kernel_params, stream);
+    }
+    return;
+  }
   detail::BackwardKernelParams kernel_params = make_backward_kernel_params(params);
   if (!use_tensor_core(params)) {
     simt::dispatch_backward(p.dtype, kernel_params, stream);

@@ -37,6 +37,24 @@ ForwardKernelParams make_forward_kernel_params(const AttentionParams& p) {
   k.head_dim_v = static_cast<int>(p.head_dim_v);
   k.scale_log2 = resolved_softmax_scale(p) * M_LOG2E;
   k.causal = p.causal;
+  k.lse_batch_stride = p.heads_q * p.seqlen_q;
+  k.lse_head_stride = p.seqlen_q;
+  k.policy = make_mask_policy(p.causal, p.mask);
+  k.has_policy = p.mask.has_window() || p.mask.pattern != SparsePattern::kNone;
+  k.mask = p.mask.data;
+  k.mask_dtype = p.mask.dtype;
+  k.mask_batch_stride = p.mask.batch_stride;
+  k.mask_head_stride = p.mask.head_stride;
+  k.mask_row_stride = p.mask.row_stride;
+  k.mask_col_stride = p.mask.col_stride;
+  k.block_map = p.mask.block_map;
+  k.block_q = p.mask.block_q;
+  k.block_k = p.mask.block_k;
+  k.block_batch_stride = p.mask.block_batch_stride;
+  k.block_head_stride = p.mask.block_head_stride;
+  k.block_row_stride = p.mask.block_row_stride;
+  k.block_col_stride = p.mask.block_col_stride;
+  k.masked = k.has_policy || k.mask != nullptr || k.block_map != nullptr;
   return k;
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "attention/mask_policy.h"
 #include "samattn/attention.h"
 
 namespace samattn::detail {
@@ -28,9 +29,29 @@ struct ForwardKernelParams {
   int head_dim, head_dim_v;
   double scale_log2;  // softmax_scale * log2(e): scores go through exp2
   bool causal;
+
+  // lse element (b, h, i) lives at b * lse_batch_stride + h * lse_head_stride + i: (B, Hq, Sq)
+  // contiguous, or a slice of a varlen (Hq, total_q) array.
+  int64_t lse_batch_stride, lse_head_stride;
+
+  // Masks (attention/mask_policy.h): the structural policy (causal, window, pattern) at
+  // physical positions (logical key n is position n * kv_stride), and the optional element mask
+  // tensor indexed by (b, query head, query, position).
+  MaskPolicy policy;
+  bool has_policy;  // false: only causal and kv_stride hide keys (the original fast checks)
+  const void* mask;
+  MaskDType mask_dtype;
+  int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
+  // Block-sparse map (samattn/mask.h), indexed by (b, query head, query / block_q, position /
+  // block_k), or null.
+  const uint8_t* block_map;
+  int64_t block_q, block_k;
+  int64_t block_batch_stride, block_head_stride, block_row_stride, block_col_stride;
+  // Window, pattern, element mask or block map: the kMasked kernels run (mask_policy.cuh).
+  bool masked;
 };
 
-// Derives the kernel parameters from validated AttentionParams (strides with kv_stride folded
+// Derives the kernel parameters from validated, non-varlen AttentionParams (strides with kv_stride folded
 // in, kept key count, log2-scaled softmax scale).
 ForwardKernelParams make_forward_kernel_params(const AttentionParams& params);
 

@@ -46,7 +46,7 @@ bool is_known_dtype(DType dtype) {
 
 bool is_known_backend(Backend backend) {
   return backend == Backend::kAuto || backend == Backend::kSimt ||
-         backend == Backend::kTensorCore;
+         backend == Backend::kTensorCore || backend == Backend::kHopper;
 }
 
 }  // namespace
@@ -55,7 +55,7 @@ void validate_forward_params(const AttentionParams& p) {
   SAMATTN_CHECK(is_known_dtype(p.dtype), "dtype ", static_cast<int>(p.dtype),
                 " is not one of float64, float32, float16, bfloat16");
   SAMATTN_CHECK(is_known_backend(p.backend), "backend ", static_cast<int>(p.backend),
-                " is not one of auto, simt, tensor_core");
+                " is not one of auto, simt, tensor_core, hopper");
   SAMATTN_CHECK(p.batch >= 0, "batch must be >= 0, got ", p.batch);
   SAMATTN_CHECK(p.heads_q >= 1, "heads_q must be >= 1, got ", p.heads_q);
   SAMATTN_CHECK(p.heads_kv >= 1, "heads_kv must be >= 1, got ", p.heads_kv);
@@ -72,10 +72,11 @@ void validate_forward_params(const AttentionParams& p) {
     SAMATTN_CHECK(std::isfinite(*p.softmax_scale), "softmax_scale must be finite, got ",
                   *p.softmax_scale);
   }
+  validate_mask_options(p);
   if (output_rows(p) > 0) {
     SAMATTN_CHECK(p.q != nullptr, "q must not be null");
     SAMATTN_CHECK(p.out != nullptr, "out must not be null");
-    if (p.seqlen_k > 0) {
+    if (p.seqlen_k > 0 && (!p.mask.is_varlen() || p.mask.total_k > 0)) {
       SAMATTN_CHECK(p.k != nullptr, "k must not be null");
       SAMATTN_CHECK(p.v != nullptr, "v must not be null");
     }
@@ -89,7 +90,7 @@ void validate_backward_params(const AttentionBackwardParams& bp) {
     SAMATTN_CHECK(bp.dout != nullptr, "dout must not be null");
     SAMATTN_CHECK(bp.dq != nullptr, "dq must not be null");
   }
-  if (p.batch > 0 && p.seqlen_k > 0) {
+  if (p.batch > 0 && p.seqlen_k > 0 && (!p.mask.is_varlen() || p.mask.total_k > 0)) {
     SAMATTN_CHECK(bp.dk != nullptr, "dk must not be null");
     SAMATTN_CHECK(bp.dv != nullptr, "dv must not be null");
   }
@@ -110,7 +111,11 @@ void validate_backward_launch(const AttentionBackwardParams& bp) {
                 static_cast<const void*>(bp.workspace));
 }
 
-int64_t output_rows(const AttentionParams& p) { return p.batch * p.heads_q * p.seqlen_q; }
+int64_t output_rows(const AttentionParams& p) {
+  // Varlen: the packed rows that exist, not batch x the longest sequence.
+  if (p.mask.is_varlen()) return p.batch > 0 ? p.heads_q * p.mask.total_q : 0;
+  return p.batch * p.heads_q * p.seqlen_q;
+}
 
 int64_t strided_key_count(const AttentionParams& p) {
   return (p.seqlen_k + p.kv_stride - 1) / p.kv_stride;

@@ -14,6 +14,13 @@ int64_t output_rows(const AttentionParams& params);
 // Keys kept by kv_stride: ceil(seqlen_k / kv_stride).
 int64_t strided_key_count(const AttentionParams& params);
 
+// Checks of params.mask (validate_mask.cpp); called by validate_forward_params.
+void validate_mask_options(const AttentionParams& params);
+
+// Varlen only: cu_seqlens_q/k in host memory start at 0, never decrease, end at total_q/k and
+// no sequence exceeds seqlen_q/k (the references read them; device arrays are the caller's).
+void validate_host_cu_seqlens(const AttentionParams& params);
+
 double resolved_softmax_scale(const AttentionParams& params);
 
 // Throws samattn::Error naming the first invalid field of a backward problem (the forward

@@ -32,6 +32,7 @@ const char* backend_name(Backend backend) {
     case Backend::kAuto: return "auto";
     case Backend::kSimt: return "simt";
     case Backend::kTensorCore: return "tensor_core";
+    case Backend::kHopper: return "hopper";
   }
   return "unknown";
 }

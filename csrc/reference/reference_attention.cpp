@@ -8,6 +8,7 @@
 
 #include "attention/validate.h"
 #include "common/host_float.h"
+#include "reference/reference_mask.h"
 #include "samattn/attention.h"
 
 namespace samattn {
@@ -16,42 +17,46 @@ namespace {
 // max() that lets a NaN through, so a NaN score poisons its row as it does on the GPU.
 double nan_propagating_max(double a, double b) { return (std::isnan(b) || b > a) ? b : a; }
 
-bool key_visible(const AttentionParams& p, int64_t query, int64_t key) {
-  if (key % p.kv_stride != 0) return false;
-  return !p.causal || key <= query;
-}
-
 // One (batch, head) slice: every query row of it.
 void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale,
                     std::vector<double>& scores) {
   const int64_t hk = h / (p.heads_q / p.heads_kv);
-  const int64_t q_base = b * p.q_strides.batch + h * p.q_strides.head;
-  const int64_t k_base = b * p.k_strides.batch + hk * p.k_strides.head;
-  const int64_t v_base = b * p.v_strides.batch + hk * p.v_strides.head;
-  const int64_t o_base = b * p.out_strides.batch + h * p.out_strides.head;
+  const detail::SequenceRows rows = detail::sequence_rows(p, b);
+  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  // Varlen tensors have batch stride 0: the sequence's first row locates it.
+  const int64_t q_base = b * p.q_strides.batch + h * p.q_strides.head + rows.q_row0 * p.q_strides.seq;
+  const int64_t k_base =
+      b * p.k_strides.batch + hk * p.k_strides.head + rows.k_row0 * p.k_strides.seq;
+  const int64_t v_base =
+      b * p.v_strides.batch + hk * p.v_strides.head + rows.k_row0 * p.v_strides.seq;
+  const int64_t o_base =
+      b * p.out_strides.batch + h * p.out_strides.head + rows.q_row0 * p.out_strides.seq;
   const bool lse_is_double = p.dtype == DType::kFloat64;
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  scores.resize(p.seqlen_k);
+  scores.assign(rows.seqlen_k, neg_inf);
+  std::vector<char> visible(rows.seqlen_k);
   std::vector<double> accum(p.head_dim_v);
 
-  for (int64_t i = 0; i < p.seqlen_q; ++i) {
+  for (int64_t i = 0; i < rows.seqlen_q; ++i) {
     double row_max = neg_inf;
-    for (int64_t j = 0; j < p.seqlen_k; ++j) {
-      if (!key_visible(p, i, j)) continue;
+    for (int64_t j = 0; j < rows.seqlen_k; ++j) {
+      double bias = 0.0;
+      visible[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias);
+      if (!visible[j]) continue;
       double dot = 0.0;
       for (int64_t d = 0; d < p.head_dim; ++d) {
         dot += detail::load_as_double(p.q, q_base + i * p.q_strides.seq + d, p.dtype) *
                detail::load_as_double(p.k, k_base + j * p.k_strides.seq + d, p.dtype);
       }
-      scores[j] = dot * scale;
+      scores[j] = dot * scale + bias;
       row_max = nan_propagating_max(row_max, scores[j]);
     }
     std::fill(accum.begin(), accum.end(), 0.0);
     double row_sum = 0.0;
     const bool any_visible = row_max != neg_inf;
     if (any_visible) {
-      for (int64_t j = 0; j < p.seqlen_k; ++j) {
-        if (!key_visible(p, i, j)) continue;
+      for (int64_t j = 0; j < rows.seqlen_k; ++j) {
+        if (!visible[j]) continue;
         const double weight = std::exp(scores[j] - row_max);
         row_sum += weight;
         for (int64_t d = 0; d < p.head_dim_v; ++d) {
@@ -66,7 +71,7 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
     }
     if (p.lse != nullptr) {
       const double lse = any_visible ? row_max + std::log(row_sum) : neg_inf;
-      const int64_t offset = (b * p.heads_q + h) * p.seqlen_q + i;
+      const int64_t offset = detail::lse_offset(p, b, h, i);
       if (lse_is_double) {
         static_cast<double*>(p.lse)[offset] = lse;
       } else {
@@ -80,6 +85,7 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
 
 void reference_attention_forward(const AttentionParams& params) {
   detail::validate_forward_params(params);
+  detail::validate_host_cu_seqlens(params);
   if (detail::output_rows(params) == 0) return;
   const double scale = detail::resolved_softmax_scale(params);
   const int64_t slices = params.batch * params.heads_q;

@@ -12,19 +12,17 @@
 
 #include "attention/validate.h"
 #include "common/host_float.h"
+#include "reference/reference_mask.h"
 #include "samattn/attention.h"
 
 namespace samattn {
 namespace {
 
-bool key_visible(const AttentionParams& p, int64_t query, int64_t key) {
-  if (key % p.kv_stride != 0) return false;
-  return !p.causal || key <= query;
-}
-
-// A (B, H, S, D) tensor's element (b, h, s, d) through its strides.
-int64_t offset(const Strides& s, int64_t b, int64_t h, int64_t row, int64_t col) {
-  return b * s.batch + h * s.head + row * s.seq + col;
+// A (B, H, S, D) tensor's element (b, h, s, d) through its strides; varlen tensors (batch
+// stride 0) reach sequence b's rows through row0.
+int64_t offset(const Strides& s, int64_t b, int64_t h, int64_t row, int64_t col,
+               int64_t row0 = 0) {
+  return b * s.batch + h * s.head + (row0 + row) * s.seq + col;
 }
 
 // One (batch, key head): dq of the group's query heads, dk and dv of the key head.
@@ -32,67 +30,74 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
   const AttentionParams& p = bp.forward;
   const DType t = p.dtype;
   const int64_t group = p.heads_q / p.heads_kv;
-  const int64_t sk = p.seqlen_k, d = p.head_dim, dv_dim = p.head_dim_v;
+  const detail::SequenceRows rows = detail::sequence_rows(p, b);
+  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  const int64_t q0 = rows.q_row0, k0 = rows.k_row0;
+  const int64_t sk = rows.seqlen_k, d = p.head_dim, dv_dim = p.head_dim_v;
   std::vector<double> dk(sk * d, 0.0), dv(sk * dv_dim, 0.0), dq(d);
   std::vector<double> prob(sk), ds(sk);
+  std::vector<char> visible(sk);
 
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int64_t i = 0; i < p.seqlen_q; ++i) {
+    for (int64_t i = 0; i < rows.seqlen_q; ++i) {
       // Softmax over the visible keys, in double.
       double row_max = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < sk; ++j) {
-        if (!key_visible(p, i, j)) continue;
+        double bias = 0.0;
+        visible[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias);
+        if (!visible[j]) continue;
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-          dot += detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c), t) *
-                 detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c), t);
+          dot += detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c, q0), t) *
+                 detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c, k0), t);
         }
-        prob[j] = dot * scale;
+        prob[j] = dot * scale + bias;
         row_max = std::max(row_max, prob[j]);
       }
       std::fill(dq.begin(), dq.end(), 0.0);
       if (row_max != -std::numeric_limits<double>::infinity()) {
         double row_sum = 0.0;
         for (int64_t j = 0; j < sk; ++j) {
-          if (!key_visible(p, i, j)) continue;
+          if (!visible[j]) continue;
           prob[j] = std::exp(prob[j] - row_max);
           row_sum += prob[j];
         }
         double delta = 0.0;
         for (int64_t c = 0; c < dv_dim; ++c) {
-          delta += detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c), t) *
-                   detail::load_as_double(p.out, offset(p.out_strides, b, h, i, c), t);
+          delta += detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c, q0), t) *
+                   detail::load_as_double(p.out, offset(p.out_strides, b, h, i, c, q0), t);
         }
         for (int64_t j = 0; j < sk; ++j) {
-          if (!key_visible(p, i, j)) continue;
+          if (!visible[j]) continue;
           prob[j] /= row_sum;
           double dp = 0.0;
           for (int64_t c = 0; c < dv_dim; ++c) {
             const double g =
-                detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c), t);
-            dp += g * detail::load_as_double(p.v, offset(p.v_strides, b, hk, j, c), t);
+                detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c, q0), t);
+            dp += g * detail::load_as_double(p.v, offset(p.v_strides, b, hk, j, c, k0), t);
             dv[j * dv_dim + c] += prob[j] * g;
           }
           ds[j] = prob[j] * (dp - delta);
           for (int64_t c = 0; c < d; ++c) {
-            dq[c] += ds[j] * detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c), t);
+            dq[c] += ds[j] * detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c, k0), t);
             dk[j * d + c] +=
-                ds[j] * detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c), t);
+                ds[j] * detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c, q0), t);
           }
         }
       }
       for (int64_t c = 0; c < d; ++c) {
-        detail::store_from_double(bp.dq, offset(bp.dq_strides, b, h, i, c), t, scale * dq[c]);
+        detail::store_from_double(bp.dq, offset(bp.dq_strides, b, h, i, c, q0), t, scale * dq[c]);
       }
     }
   }
   for (int64_t j = 0; j < sk; ++j) {
     for (int64_t c = 0; c < d; ++c) {
-      detail::store_from_double(bp.dk, offset(bp.dk_strides, b, hk, j, c), t,
+      detail::store_from_double(bp.dk, offset(bp.dk_strides, b, hk, j, c, k0), t,
                                 scale * dk[j * d + c]);
     }
     for (int64_t c = 0; c < dv_dim; ++c) {
-      detail::store_from_double(bp.dv, offset(bp.dv_strides, b, hk, j, c), t, dv[j * dv_dim + c]);
+      detail::store_from_double(bp.dv, offset(bp.dv_strides, b, hk, j, c, k0), t,
+                                dv[j * dv_dim + c]);
     }
   }
 }
@@ -101,6 +106,7 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
 
 void reference_attention_backward(const AttentionBackwardParams& params) {
   detail::validate_backward_params(params);
+  detail::validate_host_cu_seqlens(params.forward);
   const AttentionParams& p = params.forward;
   const double scale = detail::resolved_softmax_scale(p);
   const int64_t slices = p.batch * p.heads_kv;

@@ -30,15 +30,20 @@ void run_forward(const AttentionParams& params, const at::Tensor& query) {
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward_op(const at::Tensor& query,
-                                                        const at::Tensor& key,
-                                                        const at::Tensor& value,
-                                                        std::optional<double> scale, bool causal,
-                                                        int64_t kv_stride, bool return_lse,
-                                                        c10::string_view backend) {
+std::tuple<at::Tensor, at::Tensor> attention_forward_op(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> scale, bool causal, int64_t kv_stride, bool return_lse,
+    c10::string_view backend, const std::optional<at::Tensor>& attn_mask, int64_t window_left,
+    int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
+    int64_t sparse_summary, const std::optional<at::Tensor>& block_map, int64_t block_q,
+    int64_t block_k) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  bind_mask(params, query,
+            {attn_mask, window_left, window_right,
+             std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
+             sparse_summary, &block_map, block_q, block_k});
   at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
                              query.options());
   at::Tensor lse =
@@ -92,10 +97,17 @@ void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
     const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& out, const at::Tensor& lse, std::optional<double> scale, bool causal,
-    int64_t kv_stride, bool deterministic, c10::string_view backend) {
+    int64_t kv_stride, bool deterministic, c10::string_view backend,
+    const std::optional<at::Tensor>& attn_mask, int64_t window_left, int64_t window_right,
+    c10::string_view sparse_pattern, int64_t sparse_block, int64_t sparse_summary,
+    const std::optional<at::Tensor>& block_map, int64_t block_q, int64_t block_k) {
   AttentionParams forward = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  bind_mask(forward, query,
+            {attn_mask, window_left, window_right,
+             std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
+             sparse_summary, &block_map, block_q, block_k});
   check_output(out, query, forward, "out");
   check_output(dout, query, forward, "dout");
   check_lse(lse, query, forward);
@@ -111,7 +123,79 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
   return {dq, dk, dv};
 }
 
-// The name of the kernel family that would run this call ("simt" or "tensor_core").
+// Varlen (packed) forward: query (total_q, Hq, D), key/value (total_k, Hkv, D|Dv), int32
+// cu_seqlens of batch + 1 entries. Returns out (total_q, Hq, Dv) and lse (Hq, total_q) (or an
+// empty lse when return_lse is false).
+std::tuple<at::Tensor, at::Tensor> varlen_forward_op(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
+    int64_t window_right, bool return_lse, c10::string_view backend) {
+  AttentionParams params = make_varlen_params(
+      query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      {scale, causal, 1, std::string_view(backend.data(), backend.size())});
+  params.mask.window_left = window_left;
+  params.mask.window_right = window_right;
+  at::Tensor out = at::empty({query.size(0), query.size(1), value.size(2)}, query.options());
+  at::Tensor lse = at::empty(
+      return_lse ? std::vector<int64_t>{query.size(1), query.size(0)} : std::vector<int64_t>{0},
+      query.options().dtype(lse_dtype(query.scalar_type())));
+  params.out = out.data_ptr();
+  params.out_strides = Strides{0, out.stride(1), out.stride(0)};
+  params.lse = return_lse ? lse.data_ptr() : nullptr;
+  check_params(params);
+  run_forward(params, query);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
+    const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
+    int64_t window_right) {
+  AttentionParams forward =
+      make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, {scale, causal, 1, "auto"});
+  forward.mask.window_left = window_left;
+  forward.mask.window_right = window_right;
+  const std::vector<int64_t> out_shape{query.size(0), query.size(1), value.size(2)};
+  for (const auto& [t, arg] : {std::pair{&out, "out"}, std::pair{&dout, "dout"}}) {
+    TORCH_CHECK_VALUE(t->scalar_type() == query.scalar_type() && t->device() == query.device() &&
+                          t->sizes() == at::IntArrayRef(out_shape) &&
+                          (t->numel() == 0 || t->stride(2) == 1),
+                      "samattn: ", arg, " must be a ", c10::toString(query.scalar_type()),
+                      " tensor of shape (total_q, heads_q, head_dim_v) on query's device, "
+                      "contiguous in its last dimension");
+  }
+  TORCH_CHECK_VALUE(lse.scalar_type() == lse_dtype(query.scalar_type()) &&
+                        lse.device() == query.device() && lse.dim() == 2 &&
+                        lse.size(0) == query.size(1) && lse.size(1) == query.size(0) &&
+                        lse.is_contiguous(),
+                    "samattn: lse must be the forward's contiguous (heads_q, total_q) log-sum-exp "
+                    "(return_lse=True)");
+  forward.out = out.data_ptr();
+  forward.out_strides = Strides{0, out.stride(1), out.stride(0)};
+  forward.lse = lse.data_ptr();
+  check_params(forward);
+  at::Tensor dq = at::empty(query.sizes(), query.options());
+  at::Tensor dk = at::empty(key.sizes(), key.options());
+  at::Tensor dv = at::empty(value.sizes(), value.options());
+  AttentionBackwardParams params;
+  params.forward = forward;
+  params.dout = dout.data_ptr();
+  params.dout_strides = Strides{0, dout.stride(1), dout.stride(0)};
+  params.dq = dq.data_ptr();
+  params.dk = dk.data_ptr();
+  params.dv = dv.data_ptr();
+  params.dq_strides = Strides{0, dq.stride(1), dq.stride(0)};
+  params.dk_strides = Strides{0, dk.stride(1), dk.stride(0)};
+  params.dv_strides = Strides{0, dv.stride(1), dv.stride(0)};
+  run_backward(params, query);
+  return {dq, dk, dv};
+}
+
+// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper").
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend) {
@@ -134,8 +218,10 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
 TORCH_LIBRARY(samattn, m) {
   m.def(
       "attention_forward(Tensor query, Tensor key, Tensor value, float? scale=None, "
-      "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto') "
-      "-> (Tensor out, Tensor lse)");
+      "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto', "
+      "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, "
+      "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0, "
+      "Tensor? block_map=None, int block_q=128, int block_k=128) -> (Tensor out, Tensor lse)");
   // Not differentiable: it writes into `out` and has no autograd formula, so `out` never carries
   // a grad_fn (samattn.self_attention, its caller, raises when x requires grad). attention_forward
   // is the differentiable op (autograd registered in samattn/_ops.py).
@@ -145,7 +231,20 @@ TORCH_LIBRARY(samattn, m) {
   m.def(
       "attention_backward(Tensor dout, Tensor query, Tensor key, Tensor value, Tensor out, "
       "Tensor lse, float? scale=None, bool causal=False, int kv_stride=1, "
-      "bool deterministic=False, str backend='auto') -> (Tensor dq, Tensor dk, Tensor dv)");
+      "bool deterministic=False, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
+      "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
+      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "varlen_attention_forward(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? scale=None, "
+      "bool causal=False, int window_left=-1, int window_right=-1, bool return_lse=False, "
+      "str backend='auto') -> (Tensor out, Tensor lse)");
+  m.def(
+      "varlen_attention_backward(Tensor dout, Tensor query, Tensor key, Tensor value, "
+      "Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float? scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");
@@ -153,6 +252,8 @@ TORCH_LIBRARY(samattn, m) {
 
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
   m.impl("attention_forward", &attention_forward_op);
+  m.impl("varlen_attention_forward", &varlen_forward_op);
+  m.impl("varlen_attention_backward", &varlen_backward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);
   m.impl("attention_backward", &attention_backward_op);
   m.impl("selected_backend", &selected_backend_op);
@@ -160,6 +261,8 @@ TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(samattn, CPU, m) {
   m.impl("attention_forward", &attention_forward_op);
+  m.impl("varlen_attention_forward", &varlen_forward_op);
+  m.impl("varlen_attention_backward", &varlen_backward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);
   m.impl("attention_backward", &attention_backward_op);
 }

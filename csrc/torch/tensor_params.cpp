@@ -47,7 +47,8 @@ Backend to_backend(std::string_view name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "simt") return Backend::kSimt;
   if (name == "tensor_core") return Backend::kTensorCore;
-  SAMATTN_CHECK_VALUE(false, "backend must be one of 'auto', 'simt', 'tensor_core', got '", name,
+  if (name == "hopper") return Backend::kHopper;
+  SAMATTN_CHECK_VALUE(false, "backend must be one of 'auto', 'simt', 'tensor_core', 'hopper', got '", name,
                       "'");
 }
 

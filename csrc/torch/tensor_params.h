@@ -39,6 +39,31 @@ AttentionBackwardParams make_backward_params(const AttentionParams& forward, con
                                              const at::Tensor& dq, const at::Tensor& dk,
                                              const at::Tensor& dv);
 
+// The mask options of the torch ops (samattn/mask.h): an optional attn_mask tensor broadcastable
+// to (B, Hq, Sq, Sk), the window and a Sparse Transformer pattern by name ('none', 'strided',
+// 'fixed'). Checks the tensor (dtype, device, broadcastable shape) and binds it to params.mask.
+struct MaskArguments {
+  const std::optional<at::Tensor>& attn_mask;
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  std::string_view sparse_pattern = "none";
+  int64_t sparse_block = 0;
+  int64_t sparse_summary = 0;
+  // Block-sparse: a bool/uint8 (B|1, H|1, ceil(Sq / block_q), ceil(Sk / block_k)) map.
+  const std::optional<at::Tensor>* block_map = nullptr;
+  int64_t block_q = 128;
+  int64_t block_k = 128;
+};
+void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArguments& mask);
+
+// Varlen: binds packed (total, H, D) query/key/value and int32 cu_seqlens (checked: dtype,
+// device, 1-D of batch + 1 entries, 0 first, non-decreasing, last = total tokens, no sequence
+// longer than max_seqlen). The params then describe B sequences of at most max_seqlen rows.
+AttentionParams make_varlen_params(const at::Tensor& query, const at::Tensor& key,
+                                   const at::Tensor& value, const at::Tensor& cu_seqlens_q,
+                                   const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                   int64_t max_seqlen_k, const ForwardOptions& options);
+
 // The core library's checks (options such as kv_stride and scale), raised as ValueError.
 void check_params(const AttentionParams& params);
 

@@ -13,9 +13,23 @@ from samattn._ops import ops
 Tensor = torch.Tensor
 
 
+def _window_pair(window: Optional[Tuple[int, int]]) -> Tuple[int, int]:
+    if window is None:
+        return -1, -1
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError("samattn: window must be a pair (left, right) of ints (-1 = unbounded), "
+                         f"got {window!r}") from None
+    return int(left), int(right)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: Optional[float] = None, kv_stride: int = 1, return_lse: bool = False,
-              backend: str = "auto") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+              backend: str = "auto", attn_mask: Optional[Tensor] = None,
+              window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
+              sparse_block: int = 0, sparse_summary: int = 0,
+              block_sparse=None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Fused attention on (batch, heads, seq_len, head_dim) tensors.
 
     q: (B, Hq, Sq, D); k: (B, Hkv, Sk, D); v: (B, Hkv, Sk, Dv) with Hq a multiple of Hkv
@@ -27,7 +41,27 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     kv_stride: strided attention, query i sees only keys j with j % kv_stride == 0.
     return_lse: also return the natural-log log-sum-exp of each row, (B, Hq, Sq), float32
     (float64 for float64 inputs); a row that sees no key has lse -inf and output 0.
-    backend: "auto" (fastest available), "simt" or "tensor_core".
+    backend: "auto" (fastest available), "simt", "tensor_core" (sm80+ mma.sync) or
+    "hopper" (sm_90a wgmma + TMA; fp16/bf16 on compute capability 9.0). Calls with attn_mask, window
+    or a sparse pattern run on kernels that support them (today the SIMT kernels) whatever
+    backend says.
+
+    Masks (all combine with causal and kv_stride; a key is visible when every option allows it):
+    attn_mask: boolean (True = attend, SDPA's meaning) or additive float (bool, float32 or q's
+    dtype), broadcastable to (B, Hq, Sq, Sk); any strides, broadcast dimensions cost nothing.
+    Not differentiable (no gradient flows into it).
+    window: (left, right): query i sees keys i - left <= j <= i + right; -1 = unbounded.
+    sparse_pattern: Sparse Transformer patterns (Child et al., 2019), causal by definition:
+    "strided" (query i sees j <= i with i - j < sparse_block or (i - j) % sparse_block == 0) and
+    "fixed" (j in i's block of sparse_block positions, or among the last sparse_summary positions
+    of any block).
+
+    block_sparse: a samattn.BlockSparse (FlexAttention's kv_num_blocks / kv_indices per
+    (batch, head, query block), block sizes block_q x block_k): only listed key blocks are
+    computed; attn_mask, if given, applies inside them. See samattn.block_sparse_from_mask and
+    samattn.block_sparse_from_pattern.
+
+    A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
 
@@ -43,14 +77,55 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     needs_lse = return_lse or (torch.is_grad_enabled() and (
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False)))
-    out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend)
+    left, right = _window_pair(window)
+    if (attn_mask is None and left == -1 and right == -1 and sparse_pattern == "none"
+            and block_sparse is None):
+        out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend)
+    elif block_sparse is None:
+        out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend,
+                                         attn_mask, left, right, sparse_pattern, sparse_block,
+                                         sparse_summary)
+    else:
+        block_map = block_sparse.to_map(k.shape[2])
+        out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend,
+                                         attn_mask, left, right, sparse_pattern, sparse_block,
+                                         sparse_summary, block_map, block_sparse.block_q,
+                                         block_sparse.block_k)
+    return (out, lse) if return_lse else out
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, scale: Optional[float] = None,
+                     window: Optional[Tuple[int, int]] = None, return_lse: bool = False,
+                     backend: str = "auto") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention over a batch of sequences of different lengths, packed (FlashAttention-2's
+    varlen convention).
+
+    q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, Dv), last dimension
+    contiguous. cu_seqlens_q / cu_seqlens_k: int32, on the inputs' device, B + 1 non-decreasing
+    entries starting at 0 and ending at total_q / total_k: sequence b is rows
+    [cu_seqlens[b], cu_seqlens[b + 1]). Zero-length sequences are allowed. max_seqlen_q/k bound
+    the lengths. causal and window count positions from each sequence's start (causal is
+    top-left aligned, like samattn.attention). Returns out (total_q, Hq, Dv) and, with
+    return_lse, lse (Hq, total_q). Differentiable with respect to q, k and v.
+
+    The cu_seqlens are checked on the host (one small copy, a synchronisation on CUDA).
+    """
+    needs_lse = return_lse or (torch.is_grad_enabled() and (
+        getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+        or getattr(v, "requires_grad", False)))
+    left, right = _window_pair(window)
+    out, lse = ops.varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, scale, causal, left, right, needs_lse,
+                                            backend)
     return (out, lse) if return_lse else out
 
 
 def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                      kv_stride: int = 1, backend: str = "auto") -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors on this GPU:
-    "simt" or "tensor_core". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is honoured."""
+    "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is honoured."""
     return ops.selected_backend(q, k, v, causal, kv_stride, backend)
 
 
@@ -71,12 +146,17 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  enable_gqa: bool = False) -> Tensor:
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
-    Same signature and semantics for (..., H, L, E) inputs. Not yet supported (raise
-    NotImplementedError): attn_mask and dropout_p > 0.
+    Same signature and semantics for (..., H, L, E) inputs, including attn_mask (boolean, True
+    = attend, or additive float, broadcastable to (..., L, S)). Not supported (raises
+    NotImplementedError): dropout_p > 0.
+
+    One difference: a query row whose keys are all masked out gives output 0 here, where torch
+    gives NaN. attn_mask receives no gradient.
     """
-    if attn_mask is not None:
-        raise NotImplementedError("samattn.scaled_dot_product_attention: attn_mask is not "
-                                  "supported yet; use is_causal or samattn.attention(kv_stride=)")
+    if attn_mask is not None and is_causal:
+        # torch raises here too: the two are mutually exclusive in SDPA.
+        raise ValueError("samattn: attn_mask and is_causal=True cannot be combined in "
+                         "scaled_dot_product_attention (as in torch); use samattn.attention")
     if dropout_p != 0.0:
         raise NotImplementedError("samattn.scaled_dot_product_attention: dropout_p must be 0.0, "
                                   f"got {dropout_p}")
@@ -86,8 +166,19 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if not enable_gqa and key.shape[-3] != query.shape[-3]:
         raise ValueError(f"samattn: query has {query.shape[-3]} heads but key has "
                          f"{key.shape[-3]}; pass enable_gqa=True for grouped-query attention")
+    mask = None
+    if attn_mask is not None:
+        # Broadcast to the inputs' leading dimensions, then fold them like the inputs (views,
+        # stride 0 where broadcast).
+        target = (*query.shape[:-2], query.shape[-2], key.shape[-2])
+        try:
+            mask = attn_mask.expand(target)
+        except RuntimeError:
+            raise ValueError(f"samattn: attn_mask of shape {tuple(attn_mask.shape)} is not "
+                             f"broadcastable to {target}") from None
+        mask = _as_4d(mask, "attn_mask")
     out = attention(_as_4d(query, "query"), _as_4d(key, "key"), _as_4d(value, "value"),
-                    causal=is_causal, scale=scale)
+                    causal=is_causal, scale=scale, attn_mask=mask)
     return out.reshape(*query.shape[:-1], value.shape[-1])
 
 
@@ -104,6 +195,13 @@ def strided_attention(q: Tensor, k: Tensor, v: Tensor, stride: int) -> Tensor:
 def fused_attention(Q: Tensor, K: Tensor, V: Tensor) -> Tensor:
     """Seed 001's entry point: softmax(Q K^T / sqrt(D)) V on (B, H, S, D) tensors."""
     return attention(Q, K, V)
+
+
+def fused_attention_with_mask(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor) -> Tensor:
+    """Seed 001's masked entry point: softmax(Q K^T / sqrt(D) + mask) V on (B, H, S, D) tensors,
+    with `mask` boolean (True = attend) or additive float, broadcastable to (B, H, Sq, Sk).
+    A fully masked row gives 0 (not NaN)."""
+    return attention(Q, K, V, attn_mask=mask)
 
 
 def self_attention(x: Tensor, output: Tensor, d: int) -> Tensor:

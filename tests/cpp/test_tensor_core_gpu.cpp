@@ -205,12 +205,11 @@ HostTensor run_on_device(const Problem& pb, Backend backend, std::vector<double>
   return got;
 }
 
-class TensorCoreGpu : public ::testing::TestWithParam<Case> {};
-
-TEST_P(TensorCoreGpu, MatchesReference) {
-  SKIP_WITHOUT_TENSOR_CORES();
-  const Scenario& sc = GetParam().scenario;
-  const DType dtype = GetParam().dtype;
+// Runs case `c` with `backend` and checks the output against the FA3-rule bound and lse against
+// the fp64 reference.
+void check_against_reference(const Case& c, Backend backend) {
+  const Scenario& sc = c.scenario;
+  const DType dtype = c.dtype;
   Problem pb(sc.shape, dtype, sc.seq_major, sc.seed());
   sc.apply_options(pb.params);
   pb.params.allow_tf32 = true;  // float32 runs in TF32
@@ -218,7 +217,7 @@ TEST_P(TensorCoreGpu, MatchesReference) {
   const Emulated emulated = low_precision_reference(pb);
 
   std::vector<double> lse;
-  const HostTensor got = run_on_device(pb, Backend::kTensorCore, &lse);
+  const HostTensor got = run_on_device(pb, backend, &lse);
   EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
   // fp16/bf16 scores are exact products summed in fp32, so lse matches the fp64 reference; TF32
   // rounds q and k first, so lse is held to the reference on the rounded inputs.
@@ -230,6 +229,46 @@ TEST_P(TensorCoreGpu, MatchesReference) {
       EXPECT_NEAR(lse[i], lse_ref[i], 1e-5 * (1 + std::fabs(lse_ref[i]))) << "row " << i;
     }
   }
+}
+
+// Why the Hopper tests cannot run here, or "" when they can: they need a compute capability 9.0
+// GPU and a library built with the sm_90a kernels (SAMATTN_HAVE_SM90).
+std::string hopper_skip_reason() {
+  if (!gpu_available()) return "no CUDA GPU";
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      major != 9 || minor != 0) {
+    return "no compute capability 9.0 GPU";
+  }
+  Problem pb({1, 1, 1, 8, 8, 64, 64}, DType::kBFloat16);
+  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
+  AttentionParams p = pb.params;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.backend = Backend::kHopper;
+  try {
+    select_backend(p);
+  } catch (const Error& error) {
+    return std::string("hopper backend unavailable: ") + error.what();
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_HOPPER()                        \
+  do {                                               \
+    const std::string reason = hopper_skip_reason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;     \
+  } while (0)
+
+class TensorCoreGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorCoreGpu, MatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  check_against_reference(GetParam(), Backend::kTensorCore);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()),
@@ -294,7 +333,9 @@ struct DeviceProblem {
 TEST(SelectBackend, PicksTensorCoresForSupportedCalls) {
   SKIP_WITHOUT_GPU();
   DeviceProblem dp({1, 2, 2, 64, 64, 64, 64});
-  const Backend expected = tensor_cores_available() ? Backend::kTensorCore : Backend::kSimt;
+  const Backend expected = hopper_skip_reason().empty() ? Backend::kHopper
+                           : tensor_cores_available()   ? Backend::kTensorCore
+                                                        : Backend::kSimt;
   EXPECT_EQ(select_backend(dp.pb.params), expected);
   dp.pb.params.backend = Backend::kSimt;
   EXPECT_EQ(select_backend(dp.pb.params), Backend::kSimt);
@@ -373,6 +414,138 @@ TEST(SelectBackend, MisalignedStridesFallBackToSimt) {
   HostTensor got(DType::kFloat16, pb.out.size());
   dp.out.download(got.data());
   EXPECT_TRUE(all_close(got, expected, DType::kFloat16));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Hopper (sm_90a wgmma + TMA) forward: the same scenarios (restricted to its head dims, plus
+// shapes that stress its tiles) against the same bound, and against the sm80 path.
+
+bool is_hopper_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+std::vector<Case> hopper_cases() {
+  std::vector<Scenario> list;
+  for (const Scenario& s : scenarios()) {
+    if (is_hopper_head_dim(s.shape.head_dim)) list.push_back(s);
+  }
+  // Awkward extents for 128-row query tiles and 128- (or 64-) key stages: single rows, ragged
+  // tails, Sq != Sk both ways, more key blocks than pipeline stages.
+  for (int64_t d : {64, 128, 256}) {
+    const std::string dim = "_d" + std::to_string(d);
+    list.push_back({"seqlen_1" + dim, {2, 2, 2, 1, 1, d, d}});
+    list.push_back({"sq1000_sk129" + dim, {1, 2, 2, 1000, 129, d, d}});
+    list.push_back({"sq129_sk1000_causal" + dim, {1, 2, 2, 129, 1000, d, d}, true});
+    list.push_back({"gqa_8to1_kv_stride3" + dim, {1, 8, 1, 77, 700, d, d}, false, 3});
+    list.push_back({"seq_major_kv_stride4_causal" + dim, {2, 2, 2, 300, 300, d, d}, true, 4, true});
+  }
+  list.push_back({"long_1000_causal_d128", {1, 2, 2, 1000, 1000, 128, 128}, true});
+  list.push_back({"single_query_sk1_causal_d128", {2, 3, 1, 1, 1, 128, 128}, true});
+  std::vector<Case> cases;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const Scenario& s : list) cases.push_back({s, dtype});
+  }
+  return cases;
+}
+
+class HopperGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HopperGpu, MatchesReference) {
+  SKIP_WITHOUT_HOPPER();
+  check_against_reference(GetParam(), Backend::kHopper);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllShapes, HopperGpu, ::testing::ValuesIn(hopper_cases()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) + "_" +
+                                  info.param.scenario.name;
+                         });
+
+// Both paths within the bound of the reference, and within twice the bound of each other.
+TEST(HopperGpuRuns, AgreesWithTheSm80Path) {
+  SKIP_WITHOUT_HOPPER();
+  const Scenario list[] = {
+      {"cross_dense", {2, 4, 2, 300, 500, 128, 128}},
+      {"cross_causal", {1, 4, 4, 513, 513, 64, 64}, true},
+      {"cross_d256", {1, 2, 2, 200, 333, 256, 256}, true, 2},
+  };
+  for (const Scenario& sc : list) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(sc.name + "/" + dtype_name(dtype));
+      Problem pb(sc.shape, dtype, sc.seq_major, sc.seed());
+      sc.apply_options(pb.params);
+      const HostTensor expected = pb.reference();
+      const Emulated emulated = low_precision_reference(pb);
+      const HostTensor hopper = run_on_device(pb, Backend::kHopper, nullptr);
+      const HostTensor sm80 = run_on_device(pb, Backend::kTensorCore, nullptr);
+      EXPECT_TRUE(within_fa3_bound(hopper, emulated.out, expected, dtype));
+      EXPECT_TRUE(within_fa3_bound(sm80, emulated.out, expected, dtype));
+      double scale = 0, emulated_err = 0, diff = 0;
+      for (int64_t i = 0; i < expected.size(); ++i) {
+        scale = std::max(scale, std::fabs(expected.get(i)));
+        emulated_err = std::max(emulated_err, std::fabs(emulated.out.get(i) - expected.get(i)));
+        diff = std::max(diff, std::fabs(hopper.get(i) - sm80.get(i)));
+      }
+      EXPECT_LE(diff, 2 * (2 * emulated_err + unit_roundoff(dtype) * scale));
+    }
+  }
+}
+
+TEST(HopperGpuRuns, NanInOneQueryPoisonsOnlyItsRow) {
+  SKIP_WITHOUT_HOPPER();
+  Problem pb({1, 1, 1, 40, 300, 128, 128}, DType::kBFloat16);
+  pb.q.set(5 * 128 + 3, std::nan(""));  // query row 5
+  const HostTensor got = run_on_device(pb, Backend::kHopper, nullptr);
+  for (int64_t i = 0; i < 40; ++i) {
+    for (int64_t d = 0; d < 128; ++d) {
+      EXPECT_EQ(std::isnan(got.get(i * 128 + d)), i == 5) << "row " << i << " dim " << d;
+    }
+  }
+}
+
+TEST(HopperGpuRuns, RerunsAreBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  Problem pb({2, 4, 4, 300, 300, 128, 128}, DType::kFloat16);
+  pb.params.causal = true;
+  const HostTensor first = run_on_device(pb, Backend::kHopper, nullptr);
+  const HostTensor second = run_on_device(pb, Backend::kHopper, nullptr);
+  EXPECT_EQ(first.bytes, second.bytes);
+}
+
+TEST(SelectBackend, AutoPicksHopperOnSm90) {
+  SKIP_WITHOUT_HOPPER();
+  DeviceProblem dp({1, 2, 2, 64, 64, 128, 128}, DType::kBFloat16);
+  EXPECT_EQ(select_backend(dp.pb.params), Backend::kHopper);
+  // Head dims without a Hopper instantiation stay on the sm80 path.
+  DeviceProblem d96({1, 2, 2, 64, 64, 96, 96}, DType::kBFloat16);
+  EXPECT_EQ(select_backend(d96.pb.params), Backend::kTensorCore);
+  const ScopedForceSimt force("1");
+  EXPECT_EQ(select_backend(dp.pb.params), Backend::kSimt);
+}
+
+TEST(SelectBackend, ForcingHopperOnUnsupportedCallsThrows) {
+  Problem pb({1, 2, 2, 16, 16, 96, 96}, DType::kFloat16);
+  pb.params.backend = Backend::kHopper;
+  try {
+    select_backend(pb.params);
+    FAIL() << "expected samattn::Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("backend hopper does not support"), std::string::npos)
+        << error.what();
+  }
+  Problem f32({1, 2, 2, 16, 16, 64, 64}, DType::kFloat32);
+  f32.params.backend = Backend::kHopper;
+  EXPECT_THROW(select_backend(f32.params), Error);
+}
+
+TEST(SelectBackend, MisalignedStridesNeverPickHopper) {
+  SKIP_WITHOUT_HOPPER();
+  // Rows 68 elements apart (136 bytes): TMA needs 16-byte multiples.
+  DeviceProblem dp({1, 2, 2, 50, 60, 64, 64});
+  dp.pb.params.q_strides = Strides{2 * 50 * 68, 50 * 68, 68};
+  DeviceBuffer wide_q(2 * 50 * 68 * sizeof(uint16_t));
+  dp.pb.params.q = wide_q.get();
+  EXPECT_NE(select_backend(dp.pb.params), Backend::kHopper);
+  dp.pb.params.backend = Backend::kHopper;
+  EXPECT_THROW(select_backend(dp.pb.params), Error);
 }
 
 }  // namespace

@@ -63,6 +63,48 @@ def test_forward_matches_reference(name, dtype, backend):
     assert_close(lse, ref_lse, torch.float64 if dtype == torch.float64 else torch.float32)
 
 
+def hopper_skip_reason():
+    """Why backend="hopper" cannot run here ("" when it can): it needs a compute capability 9.0
+    GPU and a build with the sm_90a kernels."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "no compute capability 9.0 GPU"
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+    try:
+        samattn.selected_backend(q, q, q, backend="hopper")
+    except (RuntimeError, ValueError) as error:
+        return f"hopper backend unavailable: {error}"
+    return ""
+
+
+# The scenarios the Hopper kernel supports (fp16/bf16, head dims 64, 128, 256, dv = d), plus
+# shapes that stress its 128-row query tiles and 128- or 64-key stages.
+HOPPER_SCENARIOS = {name: sc for name, sc in SCENARIOS.items()
+                    if sc["shape"][5] in (64, 128, 256) and "head_dim_v" not in sc}
+HOPPER_SCENARIOS.update({
+    "strided3_causal_d128": dict(shape=(1, 4, 2, 300, 700, 128), kv_stride=3, causal=True),
+    "sq1000_sk129_d256": dict(shape=(1, 2, 2, 1000, 129, 256)),
+    "bshd_gqa_causal_d128": dict(shape=(2, 8, 2, 257, 257, 128), causal=True, layout="bshd"),
+})
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(HOPPER_SCENARIOS))
+def test_forward_hopper_matches_reference(name, dtype):
+    reason = hopper_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    sc = dict(HOPPER_SCENARIOS[name])
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = sc.pop("shape")
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype=dtype,
+                       device="cuda", layout=sc.pop("layout", "bhsd"), seed=hash(name) % 2**31)
+    _, ref_lse = reference_attention(q, k, v, **sc)
+    out = run_poisoned(q, k, v, backend="hopper", **sc)
+    assert check_against_reference(out, q, k, v, backend="hopper", **sc) == "hopper"
+    out2, lse = samattn.attention(q, k, v, return_lse=True, backend="hopper", **sc)
+    assert torch.equal(out2, out), "the allocating and the in-place op must agree bit for bit"
+    assert_close(lse, ref_lse, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_no_keys(dtype):
     q = torch.randn(2, 3, 5, 16, device="cuda", dtype=dtype)

@@ -102,11 +102,13 @@ def module_with_torch_sdpa(module, x, causal):
 
 
 def _train(module, x, target, steps=5):
-    opt = torch.optim.SGD(module.parameters(), lr=0.05)
+    # Adam: its steps (~lr) exceed bf16's resolution of the weights, where plain SGD's would
+    # round away and leave a bf16 model unchanged.
+    opt = torch.optim.Adam(module.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(module(x), target)
+        loss = torch.nn.functional.mse_loss(module(x).float(), target.float())
         loss.backward()
         opt.step()
         losses.append(loss.item())

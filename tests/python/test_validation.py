@@ -45,7 +45,7 @@ CASES = [
     ("scale inf", lambda q, k, v: (q, k, v), {"scale": float("inf")}, ValueError,
      "softmax_scale must be finite"),
     ("backend", lambda q, k, v: (q, k, v), {"backend": "magic"}, ValueError,
-     "backend must be one of 'auto', 'simt', 'tensor_core', got 'magic'"),
+     "backend must be one of 'auto', 'simt', 'tensor_core', 'hopper', got 'magic'"),
     ("none", lambda q, k, v: (q, None, v), {}, (TypeError, ValueError), "key|Tensor"),
 ]
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention/backward_kernel_params.h"
+#include "attention/mask_policy.cuh"
 #include "attention/simt/numeric.cuh"
 #include "attention/simt/tile_io.cuh"
 
@@ -86,17 +87,12 @@ __device__ __forceinline__ QueryRowStats<Acc> load_row_stats(const detail::Backw
   constexpr double kLog2e = 1.4426950408889634;
   const Acc inf = -negative_infinity<Acc>();
   if (query >= p.fwd.seqlen_q) return {inf, Acc(0)};
+  // delta is contiguous (B, Hq, Sq); lse has the forward's strides.
   const int64_t row = (b * p.fwd.heads_q + h) * p.fwd.seqlen_q + query;
-  const Acc lse = static_cast<const Acc*>(p.fwd.lse)[row];
+  const Acc lse =
+      static_cast<const Acc*>(p.fwd.lse)[b * p.fwd.lse_batch_stride + h * p.fwd.lse_head_stride + query];
   const Acc delta = static_cast<const Acc*>(p.delta)[row];
   return {lse == negative_infinity<Acc>() ? inf : lse * static_cast<Acc>(kLog2e), delta};
-}
-
-// True when logical key `key` is hidden from `query`: past the kept keys, or after the query
-// (causal, comparing positions key * kv_stride).
-__device__ __forceinline__ bool key_hidden(const detail::ForwardKernelParams& p, int64_t query,
-                                           int64_t key) {
-  return key >= p.kept_keys || (p.causal && key * p.kv_stride > query);
 }
 
 // The probability and dS of one (query, key) pair from its scaled score (log2 domain, -inf when

@@ -61,7 +61,33 @@ __device__ __forceinline__ void store_key_rows(Element* dst, int64_t row_stride,
   }
 }
 
-template <typename Element, int kHeadDimBucket>
+// The query rows [begin, end) that can see some logical key of [n_begin, n_begin + keys) by
+// causal and the window (patterns and the element mask only thin them out).
+struct QueryRange {
+  int64_t begin, end;
+};
+
+__device__ __forceinline__ QueryRange visible_queries(const detail::ForwardKernelParams& f,
+                                                      int64_t n_begin, int keys) {
+  if (keys <= 0) return {0, 0};
+  const int64_t first = n_begin * f.kv_stride, last = (n_begin + keys - 1) * f.kv_stride;
+  int64_t begin = 0, end = f.seqlen_q;
+  const bool causal = f.policy.causal || f.policy.pattern != SparsePattern::kNone;
+  if (causal && first > begin) begin = first;  // i >= j
+  if (f.policy.window_right >= 0 && first - f.policy.window_right > begin) {
+    begin = first - f.policy.window_right;  // j <= i + right
+  }
+  if (f.policy.window_left >= 0 && last + f.policy.window_left + 1 < end) {
+    end = last + f.policy.window_left + 1;  // j >= i - left
+  }
+  if (begin > end) begin = end;
+  return {begin, end};
+}
+
+// kMasked: windows, patterns and element masks, as in the forward's chunked kernel (query
+// blocks classified by the mask policy and skipped when they see none of the keys, a shared mask
+// tile for partial blocks); a separate instantiation so the unmasked kernel keeps its registers.
+template <typename Element, int kHeadDimBucket, bool kMasked>
 __global__ void __launch_bounds__(
     BackwardDkDvConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kThreads,
     BackwardDkDvConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kMinBlocks)
@@ -102,9 +128,12 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int col = 0; col < kTO; ++col) dk[i][col] = dv[i][col] = 0;
 
-  // The first query that sees the block's first key; blocks before it see none of its keys.
-  const int64_t first_query = f.causal ? c.n_begin * f.kv_stride : 0;
-  const int64_t m_first = first_query / kBlockM * kBlockM;
+  // The query rows that can see some key of the block (causal, window); query blocks outside
+  // them see none of its keys.
+  const QueryRange query_range =
+      kMasked ? visible_queries(f, c.n_begin, c.keys)
+              : QueryRange{f.causal ? c.n_begin * f.kv_stride : 0, f.seqlen_q};
+  const int64_t m_first = query_range.begin / kBlockM * kBlockM;
   const int64_t last_key_position = (c.n_begin + kBlockN - 1) * f.kv_stride;
   const bool partial_keys = c.n_begin + kBlockN > f.kept_keys;
   for (int64_t h = c.h_kv * f.group_size; h < (c.h_kv + 1) * f.group_size; ++h) {
@@ -112,8 +141,25 @@ __global__ void __launch_bounds__(
         static_cast<const Element*>(f.q) + c.b * f.q_batch_stride + h * f.q_head_stride;
     const Element* do_head =
         static_cast<const Element*>(p.dout) + c.b * p.do_batch_stride + h * p.do_head_stride;
-    for (int64_t m_begin = m_first; m_begin < f.seqlen_q; m_begin += kBlockM) {
+    for (int64_t m_begin = m_first; m_begin < query_range.end; m_begin += kBlockM) {
       const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), f.seqlen_q - m_begin));
+      bool needs_mask;
+      if constexpr (kMasked) {
+        // Uniform over the block: a query block that sees none of these keys costs nothing.
+        const detail::BlockClass block_class =
+            classify_key_block(f, c.b, h, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
+        if (block_class == detail::BlockClass::kSkip) continue;
+        needs_mask = block_class != detail::BlockClass::kFull;
+        if (needs_mask) {
+          // p_tile (query, key) holds the mask terms until P replaces them; chunked_dot's
+          // barriers publish them.
+          __syncthreads();  // the previous query block's readers of p_tile are done
+          fill_mask_tile<Acc, kBlockM, kBlockN, Cfg::kStrideN, 1, kThreads>(
+              &p_tile[0][0], f, c.b, h, m_begin, rows, c.n_begin, f.kept_keys);
+        }
+      } else {
+        needs_mask = partial_keys || (f.causal && last_key_position > m_begin);
+      }
       const Element* q = q_head + m_begin * f.q_row_stride;
       const Element* dout = do_head + m_begin * p.do_row_stride;
 
@@ -130,7 +176,6 @@ __global__ void __launch_bounds__(
           ds, &key_tile[0][0], &query_tile[0][0], v, f.v_row_stride, c.keys, dout, p.do_row_stride,
           rows, f.head_dim_v, key0, query0);
 
-      const bool needs_mask = partial_keys || (f.causal && last_key_position > m_begin);
 #pragma unroll
       for (int j = 0; j < kTM; ++j) {
         const int64_t query = m_begin + query0 + j;
@@ -138,7 +183,10 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int i = 0; i < kTN; ++i) {
           score[i][j] *= scale_log2;
-          if (needs_mask && key_hidden(f, query, c.n_begin + key0 + i)) {
+          if constexpr (kMasked) {
+            // This thread reads exactly the p_tile elements it overwrites below.
+            if (needs_mask) score[i][j] = masked_add(score[i][j], p_tile[query0 + j][key0 + i]);
+          } else if (needs_mask && causal_hidden(f, query, c.n_begin + key0 + i, f.kept_keys)) {
             score[i][j] = negative_infinity<Acc>();
           }
           probability_and_ds(score[i][j], ds[i][j], stats);

@@ -13,7 +13,10 @@
 
 namespace samattn::simt {
 
-template <typename Element, int kHeadDimBucket>
+// kMasked: windows, patterns and element masks, as in the forward's chunked kernel (block
+// classification, skipping, a shared mask tile for partial blocks); a separate instantiation so
+// the unmasked kernel keeps its registers.
+template <typename Element, int kHeadDimBucket, bool kMasked>
 __global__ void __launch_bounds__(
     BackwardDqConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kThreads,
     BackwardDqConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kMinBlocks)
@@ -56,13 +59,31 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int col = 0; col < kTO; ++col) dq[i][col] = 0;
 
-  const int64_t key_end = visible_key_end(f, c);
+  const LogicalKeyRange key_range =
+      kMasked ? visible_keys(f, c) : LogicalKeyRange{0, visible_key_end(f, c)};
+  const int64_t key_end = key_range.end;
   QueryRowStats<Acc> stats[kTM];
   if (key_end > 0) {
 #pragma unroll
     for (int i = 0; i < kTM; ++i) stats[i] = load_row_stats<Acc>(p, c.b, c.h, c.m_begin + row0 + i);
   }
-  for (int64_t n_begin = 0; n_begin < key_end; n_begin += kBlockN) {
+  for (int64_t n_begin = key_range.begin; n_begin < key_end; n_begin += kBlockN) {
+    bool needs_mask;
+    if constexpr (kMasked) {
+      const detail::BlockClass block_class =
+          classify_key_block(f, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+      if (block_class == detail::BlockClass::kSkip) continue;  // uniform over the block
+      needs_mask = block_class != detail::BlockClass::kFull;
+      if (needs_mask) {
+        // ds_tile holds the block's mask terms until dS replaces them; chunked_dot's barriers
+        // publish them.
+        __syncthreads();  // the previous block's readers of ds_tile are done
+        fill_mask_tile<Acc, kBlockM, kBlockN, 1, Cfg::kStrideM, kThreads>(
+            &ds_tile[0][0], f, c.b, c.h, c.m_begin, c.rows, n_begin, key_end);
+      }
+    } else {
+      needs_mask = block_needs_mask(f, c, n_begin, kBlockN, key_end);
+    }
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
     const Element* k_block = k + n_begin * f.k_row_stride;
     const Element* v_block = v + n_begin * f.v_row_stride;
@@ -80,13 +101,16 @@ __global__ void __launch_bounds__(
         ds, &row_tile[0][0], &key_tile[0][0], dout, p.do_row_stride, c.rows, v_block,
         f.v_row_stride, keys, f.head_dim_v, row0, key0);
 
-    const bool needs_mask = block_needs_mask(f, c, n_begin, kBlockN, key_end);
 #pragma unroll
     for (int i = 0; i < kTM; ++i) {
 #pragma unroll
       for (int j = 0; j < kTN; ++j) {
         score[i][j] *= scale_log2;
-        if (needs_mask && key_hidden(f, c.m_begin + row0 + i, n_begin + key0 + j)) {
+        if constexpr (kMasked) {
+          // This thread reads exactly the ds_tile elements it overwrites below.
+          if (needs_mask) score[i][j] = masked_add(score[i][j], ds_tile[key0 + j][row0 + i]);
+        } else if (needs_mask &&
+                   causal_hidden(f, c.m_begin + row0 + i, n_begin + key0 + j, key_end)) {
           score[i][j] = negative_infinity<Acc>();
         }
         probability_and_ds(score[i][j], ds[i][j], stats[i]);

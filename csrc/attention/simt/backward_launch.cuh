@@ -29,14 +29,19 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
   using Acc = typename AccumulatorOf<Element>::type;
   using DkDv = BackwardDkDvConfig<Acc, kHeadDimBucket>;
   using Dq = BackwardDqConfig<Acc, kHeadDimBucket>;
+  // Windows, patterns and element masks run the kMasked instantiations.
+  const bool masked = params.fwd.masked;
   if (params.fwd.kept_keys > 0) {
-    backward_dkdv_kernel<Element, kHeadDimBucket>
-        <<<key_grid_blocks<DkDv::kBlockN>(params), DkDv::kThreads, 0, stream>>>(params);
+    const auto kernel = masked ? backward_dkdv_kernel<Element, kHeadDimBucket, true>
+                               : backward_dkdv_kernel<Element, kHeadDimBucket, false>;
+    kernel<<<key_grid_blocks<DkDv::kBlockN>(params), DkDv::kThreads, 0, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
   if (params.fwd.seqlen_q > 0) {
-    backward_dq_kernel<Element, kHeadDimBucket>
-        <<<detail::query_block_grid(params.fwd, Dq::kBlockM), Dq::kThreads, 0, stream>>>(params);
+    const auto kernel = masked ? backward_dq_kernel<Element, kHeadDimBucket, true>
+                               : backward_dq_kernel<Element, kHeadDimBucket, false>;
+    kernel<<<detail::query_block_grid(params.fwd, Dq::kBlockM), Dq::kThreads, 0, stream>>>(
+        params);
     SAMATTN_CHECK_LAUNCH();
   }
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention/kernel_params.h"
+#include "attention/mask_policy.cuh"
 #include "attention/simt/numeric.cuh"
 
 namespace samattn::simt {
@@ -32,7 +33,8 @@ __device__ __forceinline__ BlockCoord block_coord(const detail::ForwardKernelPar
   return c;
 }
 
-// Number of logical keys any row of the query block can see.
+// Number of logical keys any row of the query block can see under causal alone (the resident
+// kernel, which never runs with a window, pattern or element mask).
 __device__ __forceinline__ int64_t visible_key_end(const detail::ForwardKernelParams& p,
                                                    const BlockCoord& c) {
   if (!p.causal) return p.kept_keys;
@@ -40,13 +42,20 @@ __device__ __forceinline__ int64_t visible_key_end(const detail::ForwardKernelPa
   return last_visible + 1 < p.kept_keys ? last_visible + 1 : p.kept_keys;
 }
 
-// True when some key of [n_begin, n_begin + block_n) is hidden from some row of the block, so
-// only blocks on the causal diagonal or at the end of the keys pay for masking.
+// True when some key of [n_begin, n_begin + block_n) is hidden from some row of the block under
+// causal alone, so only blocks on the causal diagonal or at the end of the keys pay for masking.
 __device__ __forceinline__ bool block_needs_mask(const detail::ForwardKernelParams& p,
                                                  const BlockCoord& c, int64_t n_begin,
                                                  int block_n, int64_t key_end) {
   return n_begin + block_n > key_end ||
          (p.causal && (n_begin + block_n - 1) * p.kv_stride > c.m_begin);
+}
+
+// The logical keys any row of the query block can see (causal, window), clipped to the kept
+// keys.
+__device__ __forceinline__ LogicalKeyRange visible_keys(const detail::ForwardKernelParams& p,
+                                                        const BlockCoord& c) {
+  return visible_logical_keys(p, c.m_begin, c.rows);
 }
 
 // One thread's share of the online softmax: kTM query rows, kTN keys of each key block, kTO
@@ -74,10 +83,24 @@ struct OnlineSoftmax {
     for (int i = 0; i < kTM; ++i) {
 #pragma unroll
       for (int j = 0; j < kTN; ++j) {
-        const int64_t key = first_key + j;
-        const bool hidden = key >= key_end || (p.causal && key * p.kv_stride > first_query + i);
-        if (hidden) score[i][j] = negative_infinity<Acc>();
+        if (causal_hidden(p, first_query + i, first_key + j, key_end)) {
+          score[i][j] = negative_infinity<Acc>();
+        }
       }
+    }
+  }
+
+  // Adds the mask terms of a fill_mask_tile tile laid out (key, query) with row stride
+  // kStride: this thread's rows [row0, row0 + kTM) and keys [key0, key0 + kTN).
+  template <int kStride>
+  __device__ __forceinline__ void add_mask_tile(Acc (&score)[kTM][kTN], const Acc* tile, int row0,
+                                                int key0) {
+#pragma unroll
+    for (int j = 0; j < kTN; ++j) {
+      Acc terms[kTM];
+      load_vector(terms, tile + (key0 + j) * kStride + row0);
+#pragma unroll
+      for (int i = 0; i < kTM; ++i) score[i][j] = masked_add(score[i][j], terms[i]);
     }
   }
 
@@ -141,7 +164,7 @@ struct OnlineSoftmax {
         const Acc lse = total == Acc(0)
                             ? negative_infinity<Acc>()
                             : (row_max[i] + log2_acc(total)) * static_cast<Acc>(kLn2);
-        static_cast<Acc*>(p.lse)[(c.b * p.heads_q + c.h) * p.seqlen_q + query] = lse;
+        static_cast<Acc*>(p.lse)[c.b * p.lse_batch_stride + c.h * p.lse_head_stride + query] = lse;
       }
     }
   }

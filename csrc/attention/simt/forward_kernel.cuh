@@ -14,7 +14,11 @@
 
 namespace samattn::simt {
 
-template <typename Element, int kHeadDimBucket>
+// kMasked: windows, patterns and element masks (uses_mask_tile): key blocks are classified by
+// the mask policy, skipped when no pair is visible, and partial blocks take their mask terms
+// from a shared tile. A separate instantiation because the classification alone costs the
+// unmasked kernel ~45 registers (measured with ptxas); causal and kv_stride run kMasked = false.
+template <typename Element, int kHeadDimBucket, bool kMasked>
 __global__ void __launch_bounds__(
     ForwardConfig<typename AccumulatorOf<Element>::type, kHeadDimBucket>::kThreads)
     chunked_forward_kernel(const detail::ForwardKernelParams p) {
@@ -50,8 +54,25 @@ __global__ void __launch_bounds__(
 
   OnlineSoftmax<Acc, kTM, kTN, kTO> state;
   state.init();
-  const int64_t key_end = visible_key_end(p, c);
-  for (int64_t n_begin = 0; n_begin < key_end; n_begin += kBlockN) {
+  const LogicalKeyRange key_range =
+      kMasked ? visible_keys(p, c) : LogicalKeyRange{0, visible_key_end(p, c)};
+  const int64_t key_end = key_range.end;
+  for (int64_t n_begin = key_range.begin; n_begin < key_end; n_begin += kBlockN) {
+    [[maybe_unused]] bool mask_tile = false;
+    if constexpr (kMasked) {
+      // Uniform over the block: a key block nobody in it sees costs nothing.
+      const detail::BlockClass block_class =
+          classify_key_block(p, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+      if (block_class == detail::BlockClass::kSkip) continue;
+      mask_tile = block_class != detail::BlockClass::kFull;
+      if (mask_tile) {
+        // p_tile holds the block's mask terms until the scores are final; the q.k loop's
+        // barriers publish them.
+        __syncthreads();  // the previous block's readers of p_tile are done
+        fill_mask_tile<Acc, kBlockM, kBlockN, 1, Cfg::kStrideM, kThreads>(
+            &p_tile[0][0], p, c.b, c.h, c.m_begin, c.rows, n_begin, key_end);
+      }
+    }
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
     const Element* k_block = k + n_begin * p.k_row_stride;
 
@@ -83,7 +104,12 @@ __global__ void __launch_bounds__(
     for (int i = 0; i < kTM; ++i)
 #pragma unroll
       for (int j = 0; j < kTN; ++j) score[i][j] *= scale_log2;
-    if (block_needs_mask(p, c, n_begin, kBlockN, key_end)) {
+    if constexpr (kMasked) {
+      if (mask_tile) {
+        // Each thread reads exactly the p_tile elements it overwrites below.
+        state.template add_mask_tile<Cfg::kStrideM>(score, &p_tile[0][0], row0, key0);
+      }
+    } else if (block_needs_mask(p, c, n_begin, kBlockN, key_end)) {
       state.mask(score, p, c.m_begin + row0, n_begin + key0, key_end);
     }
     state.update(score);

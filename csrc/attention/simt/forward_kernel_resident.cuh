@@ -1,7 +1,8 @@
 // Internal: the SIMT attention forward for narrow heads (head dimension bucket x element size
 // <= 256 bytes: fp32/fp16/bf16 up to 64, fp64 up to 32). Same algorithm as the chunked kernel,
 // but Q stays in shared memory for the whole block, K and V arrive as whole tiles prefetched
-// into registers one key block ahead, and a key block costs four barriers.
+// into registers one key block ahead, and a key block costs four barriers. Causal and kv_stride
+// only: calls with a window, pattern or element mask run on the chunked kernel (launcher).
 #pragma once
 
 #include <cstdint>

@@ -44,11 +44,16 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend tensor_core does not support " + why);
 }
 
-}  // namespace
-
-Status supports(const AttentionParams& p) { return supports(p, detail::current_device_info()); }
-
-Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
+// What the call alone decides (dtype, head dims, mask options), before any device is queried: a
+// call this path cannot take never touches the CUDA runtime (it may run where no GPU is present).
+Status supports_call(const AttentionParams& p) {
+  // Varlen reaches this kernel one dense sequence at a time (forward.cpp); the other mask
+  // options run on the SIMT kernels until the tensor-core forward has the mask policy.
+  if (p.mask.any()) {
+    return unsupported(
+        "attn_mask, block-sparse maps, window, sparse patterns and varlen (they run on the SIMT "
+        "kernels)");
+  }
   if (p.dtype == DType::kFloat32 && !p.allow_tf32) {
     return unsupported("dtype float32 without allow_tf32 (it would round the inputs to TF32)");
   }
@@ -64,6 +69,18 @@ Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
     return unsupported(
         detail::concat("head_dim ", p.head_dim, " (supported: ", supported_head_dims(), ")"));
   }
+  return Status::success();
+}
+
+}  // namespace
+
+Status supports(const AttentionParams& p) {
+  const Status call = supports_call(p);
+  return call.ok() ? supports(p, detail::current_device_info()) : call;
+}
+
+Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
+  if (const Status call = supports_call(p); !call.ok()) return call;
   if (device.major < 8) {
     return unsupported(detail::concat("compute capability ", device.major, ".", device.minor,
                                       " (needs 8.0 or newer)"));

@@ -202,8 +202,9 @@ __device__ __forceinline__ void forward_block(const detail::ForwardKernelParams&
 
   if (p.lse != nullptr && lane % 4 == 0) {
     constexpr float kLn2 = 0.6931471805599453f;
-    // Row (b * heads_q + h) * seqlen_q + m_begin of the contiguous lse.
-    float* lse = static_cast<float*>(p.lse) + batch_head * p.seqlen_q + m_begin;
+    // Row m_begin of (b, h) in the lse (contiguous (B, Hq, Sq), or a varlen slice).
+    float* lse =
+        static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride + m_begin;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int row = warp_row0 + 8 * r + lane / 4;

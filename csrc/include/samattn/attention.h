@@ -13,13 +13,16 @@
 #include <cuda_runtime_api.h>
 
 #include "samattn/error.h"
+#include "samattn/mask.h"
 #include "samattn/types.h"
 
 namespace samattn {
 
-// Which implementation runs a call. kAuto picks the fastest one that supports the call. The
-// environment variable SAMATTN_FORCE_SIMT=1 makes every call run kSimt (a debugging switch).
-enum class Backend : int { kAuto, kSimt, kTensorCore };
+// Which implementation runs a call. kAuto picks the fastest one that supports the call: kHopper
+// (sm_90a wgmma + TMA, fp16/bf16, on compute capability 9.0 when the build has it), else
+// kTensorCore (sm80+ mma.sync), else kSimt. The environment variable SAMATTN_FORCE_SIMT=1 makes
+// every call run kSimt (a debugging switch).
+enum class Backend : int { kAuto, kSimt, kTensorCore, kHopper };
 
 const char* backend_name(Backend backend);
 
@@ -54,6 +57,9 @@ struct AttentionParams {
   // float32 inputs only: let tensor cores compute in TF32 (10-bit mantissa). Off by default, so
   // float32 stays IEEE unless the caller opts in.
   bool allow_tf32 = false;
+  // Element mask, sliding window, Sparse Transformer pattern, variable-length batches
+  // (samattn/mask.h). Combines with causal and kv_stride: a key is visible when all allow it.
+  MaskOptions mask;
 
   Backend backend = Backend::kAuto;
 };

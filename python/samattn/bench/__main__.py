@@ -2,7 +2,7 @@
 
 Side-by-side benchmarks of samattn against torch SDPA's backends, FlexAttention and naive
 PyTorch, each output checked against an fp64 reference before it is timed. Prints a table and
-writes JSON, CSV and PNG plots into --out. Suites: default, attention, strided, small, all.
+writes JSON, CSV and PNG plots into --out. Suites: default, attention, strided, small, masks, all.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m samattn.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suites", nargs="*", default=["default"],
-                        help=f"any of {', '.join(list(SUITES) + list(PENDING))}, all")
+                        help=f"any of {', '.join(list(SUITES) + ['masks'] + list(PENDING))}, all")
     parser.add_argument("--quick", action="store_true", help="fewer configurations and reps")
     parser.add_argument("--out", default="bench-results", help="output directory")
     parser.add_argument("--methods", help="comma-separated subset of methods to run")
@@ -42,6 +42,18 @@ def main(argv=None) -> int:
     for name in names:
         if name in PENDING:
             print(f"suite {name}: n/a ({PENDING[name]})")
+            continue
+        if name == "masks":
+            from samattn.bench import masks
+
+            def mask_progress(row):
+                status = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row["status"]
+                print(f"{row['label']}  {row['method']}: {status}", flush=True)
+
+            suite_rows = masks.run(args.quick, mask_progress)
+            for row in suite_rows:
+                row["suite"] = name
+            rows += suite_rows
             continue
         if name not in SUITES:
             parser.error(f"unknown suite {name!r}")

@@ -153,6 +153,7 @@ def speedups(rows: List[dict], ours: str = "samattn") -> None:
     for row in rows:
         key = tuple((k, row[k]) for k in ("batch", "heads", "heads_kv", "seqlen", "head_dim",
                                           "dtype", "causal", "kv_stride", "direction"))
+        key += (("mask", row.get("mask")),)  # masks-suite rows compare within their case
         by_config.setdefault(key, []).append(row)
     for group in by_config.values():
         mine = [r for r in group if r["method"].startswith(ours) and r.get("status") == "ok"]

@@ -1,0 +1,213 @@
+"""Hopper forward benchmark: samattn's sm_90a path (backend="hopper") and sm80 path
+(backend="tensor_core") against torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends,
+in one process, bf16 by default.
+
+Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {1k, 2k, 4k, 8k, 16k} (--seqlens), D in
+{64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
+with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
+`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run. Every method's output is first compared with SDPA flash's on the
+same inputs (a wrong kernel is reported, not timed). Timing: CUDA events, warm-up, inputs
+rotated past the L2 cache, median of at least 10 runs (samattn.bench.timing.measure).
+
+    python3 benchmarks/bench_hopper_forward.py --out $OUT/hopper_forward.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import samattn
+from samattn.bench.configs import DTYPES, AttentionConfig
+from samattn.bench.timing import measure, rotation_count
+
+TOKENS = 16384
+HEADS = 16
+# Relative max-abs difference to SDPA flash above which a method's output is called wrong
+# (bf16 outputs differ by a few units of 2^-8 between correct kernels).
+WRONG_ABOVE = 2e-2
+
+
+def configs(dtype: str, seqlens):
+    rows = []
+    for seqlen in seqlens:
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                rows.append(AttentionConfig(TOKENS // seqlen, HEADS, seqlen, head_dim, dtype,
+                                            causal))
+    for causal in (False, True):
+        rows.append(AttentionConfig(2, HEADS, 4096, 256, dtype, causal))
+    return rows
+
+
+def sdpa(kernel):
+    def run(q, k, v, causal):
+        with sdpa_kernel(kernel):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def samattn_backend(backend):
+    def run(q, k, v, causal):
+        return samattn.attention(q, k, v, causal=causal, backend=backend)
+
+    return run
+
+
+METHODS = {
+    "samattn-hopper": samattn_backend("hopper"),
+    "samattn-tensor_core": samattn_backend("tensor_core"),
+    "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+    "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+}
+
+
+def bench(cfg: AttentionConfig, min_reps: int) -> dict:
+    shape = (cfg.batch, cfg.heads, cfg.seqlen, cfg.head_dim)
+    dtype = cfg.torch_dtype
+    bytes_per_set = 4 * cfg.batch * cfg.heads * cfg.seqlen * cfg.head_dim * dtype.itemsize
+    free, _ = torch.cuda.mem_get_info()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sets = [tuple(torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+            for _ in range(rotation_count(bytes_per_set, free // 2))]
+    row = {"config": cfg.as_dict(), "label": cfg.label(), "flops": cfg.flops(),
+           "input_sets": len(sets), "methods": {}}
+    reference = METHODS["sdpa-flash"](*sets[0], cfg.causal).float()
+    scale = reference.abs().max().item()
+    for name, run in METHODS.items():
+        entry = {}
+        try:
+            out = run(*sets[0], cfg.causal)
+            torch.cuda.synchronize()
+        except Exception as error:  # an unsupported shape or backend is reported, not fatal
+            entry["error"] = str(error).splitlines()[0][:200]
+            row["methods"][name] = entry
+            continue
+        diff = (out.float() - reference).abs().max().item() / max(scale, 1e-30)
+        entry["max_rel_diff_vs_flash"] = diff
+        if not diff <= WRONG_ABOVE:  # NaN lands here too
+            entry["error"] = f"wrong output: max |out - flash| / max|flash| = {diff:.3e}"
+            row["methods"][name] = entry
+            continue
+        calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
+        timing = measure(calls, min_reps=min_reps)
+        entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                     reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+        row["methods"][name] = entry
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def strided(dtype: str, min_reps: int, stride: int = 4) -> dict:
+    """samattn's kv_stride option against what each competitor would be given."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    cfg = AttentionConfig(4, HEADS, 4096, 128, dtype, False, kv_stride=stride)
+    shape = (cfg.batch, cfg.heads, cfg.seqlen, cfg.head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=cfg.torch_dtype, generator=gen)
+               for _ in range(3))
+    mask = create_block_mask(lambda b, h, qi, ki: ki % stride == 0, None, None, cfg.seqlen,
+                             cfg.seqlen, device="cuda")
+    flex = torch.compile(flex_attention, dynamic=False)
+    view_k, view_v = k[:, :, ::stride], v[:, :, ::stride]
+
+    def on_view(kernel):
+        def run():
+            with sdpa_kernel(kernel):
+                return F.scaled_dot_product_attention(q, view_k, view_v)
+        return run
+
+    methods = {
+        "samattn": lambda: samattn.attention(q, k, v, kv_stride=stride),
+        "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
+        "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
+        "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
+    }
+    reference = methods["sdpa-flash-view"]().float()
+    scale = reference.abs().max().item()
+    row = {"config": cfg.as_dict(), "label": cfg.label(), "flops": cfg.flops(), "methods": {}}
+    for name, run in methods.items():
+        diff = (run().float() - reference).abs().max().item() / scale
+        entry = {"max_rel_diff_vs_flash": diff}
+        if not diff <= WRONG_ABOVE:
+            entry["error"] = f"wrong output: {diff:.3e}"
+        else:
+            timing = measure([run], min_reps=min_reps)
+            entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                         reps=timing.reps,
+                         tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+        row["methods"][name] = entry
+    return row
+
+
+def cublas_tflops(dtype: torch.dtype, n: int = 8192) -> float:
+    """torch.matmul (cuBLAS) n^3 in `dtype`: the tensor-core ceiling measured in this run."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2))
+    timing = measure([lambda: a @ b], min_reps=20)
+    return 2.0 * n**3 / (timing.median_ms * 1e-3) / 1e12
+
+
+def commit() -> str:
+    if os.environ.get("SAMATTN_COMMIT"):
+        return os.environ["SAMATTN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="hopper_forward.json")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--min-reps", type=int, default=10)
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    args = parser.parse_args(argv)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    result = {
+        "gpu": props.name, "capability": f"{props.major}.{props.minor}", "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "rows": [],
+    }
+    result["cublas_8192_tflops"] = cublas_tflops(DTYPES[args.dtype])
+    print(f"cuBLAS {args.dtype} 8192^3: {result['cublas_8192_tflops']:.1f} TFLOPS", flush=True)
+    for cfg in configs(args.dtype, args.seqlens):
+        row = bench(cfg, args.min_reps)
+        result["rows"].append(row)
+        cells = []
+        for name, entry in row["methods"].items():
+            cells.append(f"{name} {entry['tflops']:6.1f}" if "tflops" in entry else
+                         f"{name} ERR")
+        flash = row["methods"]["sdpa-flash"].get("tflops")
+        ours = row["methods"]["samattn-hopper"].get("tflops")
+        ratio = f" | hopper/flash {ours / flash:.2f}x" if flash and ours else ""
+        hopper_share = f" | {ours / result['cublas_8192_tflops']:.2f} of cuBLAS" if ours else ""
+        print(f"{row['label']:<36} " + "  ".join(cells) + ratio + hopper_share, flush=True)
+    row = strided(args.dtype, args.min_reps)
+    result["strided"] = row
+    print(row["label"] + "  " + "  ".join(
+        f"{n} {e['median_ms']:.3f} ms" if "median_ms" in e else f"{n} ERR"
+        for n, e in row["methods"].items()), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    errors = [(r["label"], n, e["error"]) for r in result["rows"]
+              for n, e in r["methods"].items() if "error" in e and n.startswith("samattn")]
+    for label, name, error in errors:
+        print(f"ERROR {label} {name}: {error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+// Host side of the Hopper forward: whether a call can take it, and the (dtype, head dim) switch.
+// Compiled into the main library for every build; the launchers exist only with
+// SAMATTN_HAVE_SM90.
+#include <cstdint>
+#include <string>
+
+#include "attention/hopper/forward_config.h"
+#include "attention/hopper/forward_launch.h"
+#include "attention/validate.h"
+#include "common/check.h"
+#include "common/device.h"
+
+namespace samattn::hopper {
+namespace {
+
+Status unsupported(const std::string& why) {
+  return Status::failure("backend hopper does not support " + why);
+}
+
+std::string supported_head_dims() {
+  std::string list;
+  for (int d : kSupportedHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  return list;
+}
+
+// TMA reads q, k and v through descriptors whose base address must be 16-byte aligned and whose
+// strides (those of dimensions longer than 1; the launcher replaces the others) must be positive
+// multiples of 16 bytes below 2^40 (`via_tma`). The output is written with plain 4-byte stores
+// and only needs the 16-byte multiples of the sm80 path. Returns "" or what is wrong.
+std::string misalignment(const char* name, const void* pointer, const Strides& strides,
+                         int64_t row_stride, int64_t batch, int64_t heads, int64_t rows,
+                         int element_bytes, bool via_tma) {
+  constexpr int64_t kAlign = 16;
+  constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
+  if (reinterpret_cast<uintptr_t>(pointer) % kAlign != 0) {
+    return detail::concat(name, " pointer ", pointer, " is not 16-byte aligned");
+  }
+  const struct {
+    const char* what;
+    int64_t stride;
+    int64_t extent;
+  } steps[] = {
+      {"batch", strides.batch, batch}, {"head", strides.head, heads}, {"row", row_stride, rows}};
+  for (const auto& step : steps) {
+    if (step.extent <= 1) continue;
+    const int64_t bytes = step.stride * element_bytes;
+    if (bytes % kAlign != 0 || (via_tma && (bytes <= 0 || bytes >= kMaxStrideBytes))) {
+      return detail::concat(name, " ", step.what, " stride ", step.stride,
+                            " elements (TMA needs a positive multiple of 16 bytes below 2^40)");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+Status supports(const AttentionParams& p) {
+#ifndef SAMATTN_HAVE_SM90
+  (void)p;
+  return unsupported(
+      "this build: the sm_90a kernels were not compiled (no CuTe headers at configure time)");
+#else
+  if (p.mask.any()) {
+    return unsupported("attn_mask, block-sparse maps, window, sparse patterns and varlen (they "
+                       "run on the SIMT kernels)");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return unsupported(
+        detail::concat("dtype ", dtype_name(p.dtype), " (supported: float16, bfloat16)"));
+  }
+  if (p.head_dim != p.head_dim_v) {
+    return unsupported(detail::concat("head_dim ", p.head_dim, " with head_dim_v ", p.head_dim_v,
+                                      " (they must be equal)"));
+  }
+  if (!is_supported_head_dim(p.head_dim)) {
+    return unsupported(
+        detail::concat("head_dim ", p.head_dim, " (supported: ", supported_head_dims(), ")"));
+  }
+  const detail::DeviceInfo& device = detail::current_device_info();
+  if (device.major != 9 || device.minor != 0) {
+    return unsupported(detail::concat("compute capability ", device.major, ".", device.minor,
+                                      " (needs 9.0: wgmma and TMA are sm_90a instructions)"));
+  }
+  const int bytes = dtype_size(p.dtype);
+  const int smem = forward_smem_bytes(p.head_dim, bytes);
+  if (smem > device.max_smem_optin) {
+    return unsupported(detail::concat("head_dim ", p.head_dim, " on this device: it needs ", smem,
+                                      " bytes of shared memory per block, the device allows ",
+                                      device.max_smem_optin));
+  }
+  // TMA coordinates and extents are 32-bit.
+  constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
+  if (p.seqlen_q > kMaxExtent || p.seqlen_k > kMaxExtent || p.batch > kMaxExtent ||
+      p.heads_q > kMaxExtent) {
+    return unsupported(
+        detail::concat("extents above ", kMaxExtent, " (TMA coordinates are 32-bit)"));
+  }
+  // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
+  const int64_t keys = detail::strided_key_count(p);
+  const std::string misaligned[] = {
+      misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q, bytes,
+                   true),
+      keys == 0 ? ""
+                : misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch,
+                               p.heads_kv, keys, bytes, true),
+      keys == 0 ? ""
+                : misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch,
+                               p.heads_kv, keys, bytes, true),
+      misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q, p.seqlen_q,
+                   bytes, false)};
+  for (const std::string& why : misaligned) {
+    if (!why.empty()) return unsupported(why);
+  }
+  return Status::success();
+#endif
+}
+
+#ifdef SAMATTN_HAVE_SM90
+namespace {
+
+template <DType kDType>
+void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 64:
+      return launch_forward<kDType, 64>(params, stream);
+    case 128:
+      return launch_forward<kDType, 128>(params, stream);
+    case 256:
+      return launch_forward<kDType, 256>(params, stream);
+  }
+  SAMATTN_CHECK(false, "backend hopper does not support head_dim ", params.head_dim,
+                " (supported: ", supported_head_dims(), ")");
+}
+
+}  // namespace
+#endif
+
+void dispatch_forward(DType dtype, const detail::ForwardKernelParams& params, cudaStream_t stream) {
+#ifdef SAMATTN_HAVE_SM90
+  switch (dtype) {
+    case DType::kFloat16:
+      return dispatch_head_dim<DType::kFloat16>(params, stream);
+    case DType::kBFloat16:
+      return dispatch_head_dim<DType::kBFloat16>(params, stream);
+    default:
+      break;
+  }
+  SAMATTN_CHECK(false, "backend hopper does not support dtype ", dtype_name(dtype),
+                " (supported: float16, bfloat16)");
+#else
+  (void)dtype;
+  (void)params;
+  (void)stream;
+  SAMATTN_CHECK(false, "backend hopper is not available in this build (no sm_90a kernels)");
+#endif
+}
+
+}  // namespace samattn::hopper

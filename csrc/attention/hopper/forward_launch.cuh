@@ -1,0 +1,91 @@
+// Internal: the body of hopper::launch_forward, included only by the generated instantiation
+// files (compiled for sm_90a alone): builds the TMA descriptors and launches the kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/hopper/forward_kernel.cuh"
+#include "attention/hopper/forward_launch.h"
+#include "common/check.h"
+#include "common/cuda_check.h"
+#include "common/device.h"
+
+namespace samattn::hopper {
+
+template <DType kDType>
+struct CuteElementOf;
+template <>
+struct CuteElementOf<DType::kFloat16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct CuteElementOf<DType::kBFloat16> {
+  using type = cutlass::bfloat16_t;
+};
+
+namespace detail_launch {
+
+// A dimension of extent 1 is never stepped along, so its stride may be anything; TMA still wants
+// every stride 16-byte aligned, so such strides become `aligned` (supports() has checked the
+// others). An empty sequence (no kept keys) gets extent 1: no tile of it is ever loaded.
+inline int64_t usable_stride(int64_t stride, int64_t extent, int64_t aligned) {
+  return extent > 1 ? stride : aligned;
+}
+
+template <typename Element>
+auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, int64_t batch,
+                 int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+  using namespace cute;
+  const int64_t aligned = head_dim;  // head_dim elements: a multiple of 16 bytes
+  const GmemShape shape(static_cast<int32_t>(seqlen > 0 ? seqlen : 1), head_dim,
+                        static_cast<int32_t>(heads), static_cast<int32_t>(batch));
+  const GmemStride stride(usable_stride(row_stride, seqlen, aligned), _1{},
+                          usable_stride(head_stride, heads, aligned),
+                          usable_stride(batch_stride, batch, aligned));
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)), make_layout(shape, stride));
+}
+
+}  // namespace detail_launch
+
+template <DType kDType, int kHeadDim>
+void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename CuteElementOf<kDType>::type;
+  using Traits = KernelTraits<Element, kHeadDim>;
+  const unsigned blocks = detail::query_block_grid(p, kBlockM);
+  const int64_t heads_kv = p.heads_q / p.group_size;
+
+  auto q = detail_launch::gmem_tensor<Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
+                                               p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  // With no kept keys the kernel loads no K/V tile, and k/v may be empty allocations (null, or
+  // zero strides): their descriptors then describe q instead, which is valid and never read.
+  const bool no_keys = p.kept_keys == 0;
+  auto k = no_keys ? q
+                   : detail_launch::gmem_tensor<Element>(p.k, p.kept_keys, kHeadDim, heads_kv,
+                                                         p.batch, p.k_row_stride, p.k_head_stride,
+                                                         p.k_batch_stride);
+  auto v = no_keys ? q
+                   : detail_launch::gmem_tensor<Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
+                                                         p.batch, p.v_row_stride, p.v_head_stride,
+                                                         p.v_batch_stride);
+  HopperForwardParams<Element, kHeadDim> params{
+      p,
+      q.shape(),
+      k.shape(),
+      v.shape(),
+      make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{},
+                    Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+  };
+
+  const auto kernel = forward_kernel<Element, kHeadDim>;
+  // Beyond 48 KiB a block must opt in; supports() has checked the device's limit.
+  detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+  kernel<<<blocks, kThreads, Traits::kSmemBytes, stream>>>(params);
+  SAMATTN_CHECK_LAUNCH();
+}
+
+}  // namespace samattn::hopper

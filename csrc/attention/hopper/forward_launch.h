@@ -1,0 +1,26 @@
+// Internal: the Hopper (sm_90a) forward: host-side support query and dispatch. The kernels exist
+// only when the library is built with SAMATTN_HAVE_SM90 (CuTe headers found); otherwise
+// supports() says so and kAuto never picks this path.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "attention/kernel_params.h"
+#include "samattn/attention.h"
+#include "samattn/types.h"
+
+namespace samattn::hopper {
+
+template <DType kDType, int kHeadDim>
+void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stream);
+
+// Whether the Hopper path can run `params` (already validated) on the current device; otherwise
+// the message says why ("backend hopper does not support ..."). Checks the build, dtype, head
+// dims, compute capability 9.0, shared memory and the 16-byte alignment TMA needs.
+Status supports(const AttentionParams& params);
+
+// Picks the instantiation for (dtype, head dim) and launches it. The caller has checked
+// supports().
+void dispatch_forward(DType dtype, const detail::ForwardKernelParams& params, cudaStream_t stream);
+
+}  // namespace samattn::hopper

@@ -1,0 +1,139 @@
+// Internal: the one definition of which keys a query sees, shared by every kernel (device) and
+// the fp64 reference (host). Positions are physical and count from the start of the sequence
+// (under varlen, from each sequence's first row): query i, key j.
+//
+// Two questions, answered here and nowhere else:
+//   - structurally_visible(i, j): causal, sliding window and Sparse Transformer pattern;
+//   - classify_block(...): for a rectangle of queries x keys, whether no pair is visible (skip),
+//     every pair is (full: no masking work) or some are (partial: mask element by element).
+// kv_stride and the element mask tensor are applied by the callers on top (the tensor's values
+// are read where the data lives: mask_policy.cuh on the device, the reference on the host).
+#pragma once
+
+#include <cstdint>
+
+#include "samattn/mask.h"
+
+#if defined(__CUDACC__)
+#define SAMATTN_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SAMATTN_HOST_DEVICE inline
+#endif
+
+namespace samattn::detail {
+
+// The structural part of a mask, copied by value into the kernel parameters.
+struct MaskPolicy {
+  bool causal;
+  int64_t window_left;   // -1: unbounded
+  int64_t window_right;  // -1: unbounded
+  SparsePattern pattern;
+  int64_t block;    // pattern's l
+  int64_t summary;  // pattern's c (kFixed)
+};
+
+enum class BlockClass : int { kSkip, kPartial, kFull };
+
+SAMATTN_HOST_DEVICE MaskPolicy make_mask_policy(bool causal, const MaskOptions& m) {
+  return MaskPolicy{causal,    m.window_left,   m.window_right,
+                    m.pattern, m.pattern_block, m.pattern_summary};
+}
+
+// True when the policy never hides a key (only the element mask, kv_stride and lengths may).
+SAMATTN_HOST_DEVICE bool policy_is_dense(const MaskPolicy& p) {
+  return !p.causal && p.window_left < 0 && p.window_right < 0 && p.pattern == SparsePattern::kNone;
+}
+
+SAMATTN_HOST_DEVICE int64_t floor_div(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+SAMATTN_HOST_DEVICE bool structurally_visible(const MaskPolicy& p, int64_t i, int64_t j) {
+  const bool causal = p.causal || p.pattern != SparsePattern::kNone;
+  if (causal && j > i) return false;
+  if (p.window_left >= 0 && j < i - p.window_left) return false;
+  if (p.window_right >= 0 && j > i + p.window_right) return false;
+  switch (p.pattern) {
+    case SparsePattern::kNone:
+      return true;
+    case SparsePattern::kStrided:
+      return i - j < p.block || (i - j) % p.block == 0;
+    case SparsePattern::kFixed:
+      return j / p.block == i / p.block || j % p.block >= p.block - p.summary;
+  }
+  return true;
+}
+
+// The key range [begin, end) that a query range [q_begin, q_end) (non-empty) can see at all, from
+// causal and the window; `seqlen_k` bounds it. Patterns only thin keys out inside this range.
+struct KeyRange {
+  int64_t begin, end;
+};
+
+SAMATTN_HOST_DEVICE KeyRange visible_key_range(const MaskPolicy& p, int64_t q_begin, int64_t q_end,
+                                               int64_t seqlen_k) {
+  int64_t begin = 0, end = seqlen_k;
+  const bool causal = p.causal || p.pattern != SparsePattern::kNone;
+  if (causal && q_end < end) end = q_end;
+  if (p.window_right >= 0 && q_end + p.window_right < end) end = q_end + p.window_right;
+  if (p.window_left >= 0 && q_begin - p.window_left > begin) begin = q_begin - p.window_left;
+  if (end < begin) end = begin;
+  return {begin, end};
+}
+
+// Classifies the rectangle of queries [q0, q1) x keys [k0, k1) (both non-empty, keys in
+// range). Exact for causal and the window; for the patterns it is exact when it says kSkip or
+// kFull and may answer kPartial for a block whose pairs happen to be all visible.
+SAMATTN_HOST_DEVICE BlockClass classify_block(const MaskPolicy& p, int64_t q0, int64_t q1,
+                                              int64_t k0, int64_t k1) {
+  const int64_t qa = q0, qb = q1 - 1, ka = k0, kb = k1 - 1;  // inclusive corners
+  const bool causal = p.causal || p.pattern != SparsePattern::kNone;
+  // Differences d = i - j over the block range over [qa - kb, qb - ka].
+  const int64_t d_min = qa - kb, d_max = qb - ka;
+  int64_t lo = d_min, hi = d_max;  // visible differences by causal and window: [lo, hi]
+  bool band_full = true;
+  if (causal) {
+    if (lo < 0) {
+      lo = 0;
+      band_full = false;
+    }
+  }
+  if (p.window_right >= 0 && lo < -p.window_right) {
+    lo = -p.window_right;
+    band_full = false;
+  }
+  if (p.window_left >= 0 && hi > p.window_left) {
+    hi = p.window_left;
+    band_full = false;
+  }
+  if (lo > hi) return BlockClass::kSkip;
+  switch (p.pattern) {
+    case SparsePattern::kNone:
+      return band_full ? BlockClass::kFull : BlockClass::kPartial;
+    case SparsePattern::kStrided: {
+      // Some difference in [lo, hi] is < block or a multiple of block?
+      if (lo < p.block) {
+        return (band_full && hi < p.block) ? BlockClass::kFull : BlockClass::kPartial;
+      }
+      const int64_t next_multiple = ((lo + p.block - 1) / p.block) * p.block;
+      return next_multiple <= hi ? BlockClass::kPartial : BlockClass::kSkip;
+    }
+    case SparsePattern::kFixed: {
+      // Same block for every pair: all queries and keys inside one pattern block.
+      const int64_t bq0 = qa / p.block, bq1 = qb / p.block;
+      const int64_t bk0 = ka / p.block, bk1 = kb / p.block;
+      if (band_full && bq0 == bq1 && bk0 == bk1 && bq0 == bk0) return BlockClass::kFull;
+      // Some key in the same block as some query (within the band), or a summary column?
+      const bool shares_block = bk1 >= bq0 && bk0 <= bq1;
+      // A summary column in [ka, kb]: a j with j % block >= block - summary.
+      const int64_t first_summary_in_block = bk0 * p.block + p.block - p.summary;
+      const bool has_summary = kb - ka + 1 >= p.block || first_summary_in_block <= kb ||
+                               (ka % p.block) >= p.block - p.summary;
+      return (shares_block || has_summary) ? BlockClass::kPartial : BlockClass::kSkip;
+    }
+  }
+  return BlockClass::kPartial;
+}
+
+}  // namespace samattn::detail

@@ -1,0 +1,76 @@
+// Which keys each query sees beyond causal and kv_stride: an element mask tensor, a sliding
+// window, a Sparse Transformer pattern and variable-length (packed) batches. Every option is a
+// run-time value of AttentionParams::mask; all of them combine (a key is visible when every
+// option lets it through).
+#pragma once
+
+#include <cstdint>
+
+namespace samattn {
+
+// Element type of an attention mask tensor. kBool follows SDPA: true = attend. The float types
+// are added to the scaled scores before the softmax (-inf hides a key); they must be float32 or
+// the inputs' dtype.
+enum class MaskDType : int { kBool, kFloat64, kFloat32, kFloat16, kBFloat16 };
+
+const char* mask_dtype_name(MaskDType dtype);
+
+// Sparse Transformer patterns (Child et al., 2019); both are causal by definition.
+//   kStrided: query i sees key j <= i when i - j < block or (i - j) % block == 0.
+//   kFixed:   query i sees key j <= i when j / block == i / block (its own block) or
+//             j % block >= block - summary (the last `summary` positions of every block).
+enum class SparsePattern : int { kNone, kStrided, kFixed };
+
+const char* sparse_pattern_name(SparsePattern pattern);
+
+struct MaskOptions {
+  // Element mask (B|1, H|1, Sq, Sk) on the inputs' device, or null. Element (b, h, i, j) lives at
+  // b * batch_stride + h * head_stride + i * row_stride + j * col_stride; a stride of 0
+  // broadcasts that dimension. Indexed by the query head h (not the key head).
+  const void* data = nullptr;
+  MaskDType dtype = MaskDType::kBool;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
+
+  // Block-sparse attention: a (B|1, H|1, ceil(Sq / block_q), ceil(Sk / block_k)) byte map on
+  // the inputs' device (strides in elements, 0 broadcasts); pair (i, j) is visible only where
+  // block_map[b, h, i / block_q, j / block_k] != 0. Key blocks whose entry is 0 are skipped by the
+  // kernels; the element mask above, if any, still applies inside listed blocks. (The torch layer
+  // builds it from FlexAttention's kv_num_blocks / kv_indices tables.)
+  const uint8_t* block_map = nullptr;
+  int64_t block_q = 0, block_k = 0;
+  int64_t block_batch_stride = 0, block_head_stride = 0, block_row_stride = 0,
+          block_col_stride = 0;
+
+  // Sliding window around the diagonal: query i sees keys i - window_left <= j <= i +
+  // window_right; -1 leaves that side unbounded.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+
+  SparsePattern pattern = SparsePattern::kNone;
+  int64_t pattern_block = 0;    // l: the stride (kStrided) or block length (kFixed), >= 1
+  int64_t pattern_summary = 0;  // c: summary columns per block (kFixed), 1 <= c <= l
+
+  // Variable-length batches in FlashAttention-2's packed layout. When cu_seqlens_q is set, q,
+  // out (and dq, dout) are (total_q, H, D) tensors passed with batch stride 0: sequence b owns
+  // rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]); seqlen_q and seqlen_k are the maximum lengths
+  // and `batch` the number of sequences. cu_seqlens_q and cu_seqlens_k are int32 arrays of
+  // batch + 1 non-decreasing entries, starting at 0, in the memory of the call (device memory for
+  // attention_forward, host memory for the reference), set together. lse is then (Hq, total_q).
+  // Positions (causal, window, patterns, mask rows/columns) count from each sequence's start.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0;  // rows of the packed q / out (== cu_seqlens_q[batch])
+  int64_t total_k = 0;  // rows of the packed k / v (== cu_seqlens_k[batch])
+
+  bool has_element_mask() const { return data != nullptr; }
+  bool has_block_map() const { return block_map != nullptr; }
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  // True when a key's visibility depends on anything but causal and kv_stride.
+  bool any() const {
+    return has_element_mask() || has_block_map() || has_window() ||
+           pattern != SparsePattern::kNone || is_varlen();
+  }
+};
+
+}  // namespace samattn

@@ -1,0 +1,320 @@
+// Masks (samattn/mask.h): the policy's block classification against element-wise visibility
+// (exhaustive on small rectangles), validation of every mask field, the reference's varlen
+// checks, and (with a GPU) the SIMT kernels with attn_mask, window, patterns and varlen against
+// the fp64 reference for every dtype, forward and backward, outputs poisoned.
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention/mask_policy.h"
+#include "test_support.h"
+
+namespace samattn::testing {
+namespace {
+
+using detail::BlockClass;
+using detail::MaskPolicy;
+
+std::vector<MaskPolicy> policies() {
+  std::vector<MaskPolicy> out;
+  for (bool causal : {false, true}) {
+    for (int64_t left : {-1, 0, 3, 9}) {
+      for (int64_t right : {-1, 0, 2}) {
+        out.push_back({causal, left, right, SparsePattern::kNone, 0, 0});
+      }
+    }
+  }
+  for (int64_t l : {1, 3, 4, 8}) {
+    out.push_back({false, -1, -1, SparsePattern::kStrided, l, 0});
+    out.push_back({true, 5, -1, SparsePattern::kStrided, l, 0});
+    for (int64_t c = 1; c <= l; c += 2) out.push_back({false, -1, -1, SparsePattern::kFixed, l, c});
+  }
+  return out;
+}
+
+// kSkip must mean no pair is visible and kFull that all are; kPartial is always allowed, but
+// causal and the window alone must be classified exactly.
+TEST(MaskPolicy, BlockClassificationAgreesWithElements) {
+  for (const MaskPolicy& p : policies()) {
+    for (int64_t q0 = 0; q0 < 20; q0 += 3) {
+      for (int64_t k0 = 0; k0 < 20; k0 += 2) {
+        for (int64_t rows : {1, 4, 7}) {
+          for (int64_t keys : {1, 3, 8}) {
+            int visible = 0;
+            for (int64_t i = q0; i < q0 + rows; ++i)
+              for (int64_t j = k0; j < k0 + keys; ++j)
+                visible += detail::structurally_visible(p, i, j) ? 1 : 0;
+            const BlockClass got = detail::classify_block(p, q0, q0 + rows, k0, k0 + keys);
+            const std::string where =
+                "policy causal=" + std::to_string(p.causal) + " window=(" +
+                std::to_string(p.window_left) + "," + std::to_string(p.window_right) +
+                ") pattern=" + sparse_pattern_name(p.pattern) + " l=" + std::to_string(p.block) +
+                " c=" + std::to_string(p.summary) + " block q[" + std::to_string(q0) + "+" +
+                std::to_string(rows) + ") k[" + std::to_string(k0) + "+" + std::to_string(keys) +
+                ")";
+            if (got == BlockClass::kSkip) EXPECT_EQ(visible, 0) << where;
+            if (got == BlockClass::kFull) EXPECT_EQ(visible, rows * keys) << where;
+            if (p.pattern == SparsePattern::kNone) {
+              const BlockClass exact = visible == 0             ? BlockClass::kSkip
+                                       : visible == rows * keys ? BlockClass::kFull
+                                                                : BlockClass::kPartial;
+              EXPECT_EQ(static_cast<int>(got), static_cast<int>(exact)) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The key range from causal and the window contains every visible key.
+TEST(MaskPolicy, KeyRangeContainsEveryVisibleKey) {
+  for (const MaskPolicy& p : policies()) {
+    for (int64_t q0 = 0; q0 < 24; q0 += 5) {
+      const detail::KeyRange range = detail::visible_key_range(p, q0, q0 + 6, 30);
+      for (int64_t i = q0; i < q0 + 6; ++i) {
+        for (int64_t j = 0; j < 30; ++j) {
+          if (detail::structurally_visible(p, i, j)) {
+            EXPECT_TRUE(j >= range.begin && j < range.end) << "query " << i << " key " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+Problem small_problem(DType dtype = DType::kFloat32) {
+  return Problem(Shape{1, 2, 2, 5, 6, 4, 4}, dtype);
+}
+
+void expect_failure(const AttentionParams& p, const std::string& needle) {
+  const Status status = can_implement(p);
+  ASSERT_FALSE(status.ok()) << "expected an error containing '" << needle << "'";
+  EXPECT_NE(std::string(status.message()).find(needle), std::string::npos) << status.message();
+}
+
+TEST(MaskValidation, NamedErrors) {
+  Problem pb = small_problem();
+  std::vector<uint8_t> mask(30, 1);
+  AttentionParams p = pb.params;
+  p.mask.data = mask.data();
+  p.mask.dtype = MaskDType::kFloat16;
+  expect_failure(p, "attn_mask dtype must be bool, float32 or the inputs' dtype (float32)");
+  p.mask.dtype = static_cast<MaskDType>(42);
+  expect_failure(p, "attn_mask dtype 42");
+  p = pb.params;
+  p.mask.window_left = -2;
+  expect_failure(p, "window_left must be >= 0 or -1");
+  p = pb.params;
+  p.mask.window_right = -7;
+  expect_failure(p, "window_right must be >= 0 or -1");
+  p = pb.params;
+  p.mask.pattern = SparsePattern::kStrided;
+  expect_failure(p, "'strided' needs block (l) >= 1");
+  p.mask.pattern = SparsePattern::kFixed;
+  p.mask.pattern_block = 4;
+  p.mask.pattern_summary = 0;
+  expect_failure(p, "'fixed' needs summary (c) in [1, block = 4]");
+  p.mask.pattern = static_cast<SparsePattern>(9);
+  expect_failure(p, "sparse pattern 9");
+  p = pb.params;
+  const int32_t cu[] = {0, 5};
+  p.mask.cu_seqlens_q = cu;
+  expect_failure(p, "cu_seqlens_q and cu_seqlens_k must be given together");
+  p.mask.cu_seqlens_k = cu;
+  p.mask.total_q = p.mask.total_k = 5;
+  expect_failure(p, "batch strides must be 0");
+}
+
+TEST(MaskValidation, ReferenceChecksHostCuSeqlens) {
+  Problem pb(Shape{1, 1, 1, 4, 4, 3, 3}, DType::kFloat64);
+  AttentionParams p = pb.params;
+  p.batch = 2;
+  p.q_strides.batch = p.k_strides.batch = p.v_strides.batch = p.out_strides.batch = 0;
+  const int32_t decreasing[] = {0, 3, 2};
+  const int32_t good[] = {0, 2, 4};
+  p.mask.cu_seqlens_q = decreasing;
+  p.mask.cu_seqlens_k = good;
+  p.mask.total_q = 2;
+  p.mask.total_k = 4;
+  EXPECT_THROW(
+      {
+        try {
+          reference_attention_forward(p);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("cu_seqlens_q must be non-decreasing"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  const int32_t wrong_total[] = {0, 2, 3};
+  p.mask.cu_seqlens_q = good;
+  p.mask.total_q = 4;
+  p.mask.cu_seqlens_k = wrong_total;
+  EXPECT_THROW(reference_attention_forward(p), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: the kernels against the reference.
+
+struct MaskCase {
+  std::string name;
+  Shape shape;
+  bool causal;
+  int64_t window_left, window_right;
+  SparsePattern pattern;
+  int64_t block, summary;
+  bool element_mask;
+};
+
+const MaskCase kMaskCases[] = {
+    {"window", {2, 2, 1, 150, 170, 64, 64}, false, 20, 5, SparsePattern::kNone, 0, 0, false},
+    {"window_causal", {1, 2, 2, 300, 300, 32, 32}, true, 64, -1, SparsePattern::kNone, 0, 0, false},
+    {"strided", {1, 2, 2, 260, 260, 64, 64}, false, -1, -1, SparsePattern::kStrided, 32, 0, false},
+    {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, -1, -1, SparsePattern::kFixed, 64, 8, false},
+    {"bool_mask", {2, 2, 2, 77, 129, 40, 40}, false, -1, -1, SparsePattern::kNone, 0, 0, true},
+    {"bool_mask_causal_window",
+     {1, 4, 2, 100, 100, 96, 96},
+     true,
+     30,
+     -1,
+     SparsePattern::kNone,
+     0,
+     0,
+     true},
+};
+
+// A bool mask (B, 1, Sq, Sk) broadcast over heads (head stride 0), ~30% hidden, row 3 all hidden.
+std::vector<uint8_t> random_bool_mask(const Shape& s, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::vector<uint8_t> mask(s.batch * s.seqlen_q * s.seqlen_k);
+  for (auto& m : mask) m = (engine() % 10) >= 3;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.seqlen_k; ++j) mask[(b * s.seqlen_q + 3) * s.seqlen_k + j] = 0;
+  return mask;
+}
+
+void apply(const MaskCase& c, AttentionParams& p, const void* mask) {
+  p.causal = c.causal;
+  p.mask.window_left = c.window_left;
+  p.mask.window_right = c.window_right;
+  p.mask.pattern = c.pattern;
+  p.mask.pattern_block = c.block;
+  p.mask.pattern_summary = c.summary;
+  if (c.element_mask) {
+    p.mask.data = mask;
+    p.mask.dtype = MaskDType::kBool;
+    p.mask.batch_stride = c.shape.seqlen_q * c.shape.seqlen_k;
+    p.mask.head_stride = 0;
+    p.mask.row_stride = c.shape.seqlen_k;
+    p.mask.col_stride = 1;
+  }
+}
+
+class MaskGpu : public ::testing::TestWithParam<std::tuple<MaskCase, DType>> {};
+
+TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& [c, dtype] = GetParam();
+  Problem pb(c.shape, dtype, false, std::hash<std::string>{}(c.name));
+  const std::vector<uint8_t> mask = random_bool_mask(c.shape, 5);
+  apply(c, pb.params, mask.data());
+  const HostTensor ref = pb.reference(/*with_lse=*/true);
+
+  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
+  DeviceBuffer d_mask(mask.size());
+  if (!mask.empty()) {
+    ASSERT_EQ(cudaMemcpy(d_mask.get(), mask.data(), mask.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  const int64_t rows = c.shape.batch * c.shape.heads_q * c.shape.seqlen_q;
+  const size_t lse_bytes = rows * (dtype == DType::kFloat64 ? 8 : 4);
+  DeviceBuffer lse(lse_bytes);
+  AttentionParams p = pb.params;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.lse = lse.get();
+  if (c.element_mask) p.mask.data = d_mask.get();
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(dtype, pb.out.size());
+  out.download(got.data());
+  EXPECT_TRUE(all_close(got, ref, dtype)) << c.name;
+  std::vector<unsigned char> lse_host(lse_bytes);
+  lse.download(lse_host.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const double value = dtype == DType::kFloat64
+                             ? reinterpret_cast<const double*>(lse_host.data())[r]
+                             : reinterpret_cast<const float*>(lse_host.data())[r];
+    const double want = pb.lse[r];
+    if (std::isinf(want)) {
+      EXPECT_TRUE(std::isinf(value) && value < 0) << "row " << r << " got " << value;
+    } else {
+      EXPECT_NEAR(value, want, 1e-4 * (1 + std::fabs(want))) << "row " << r;
+    }
+  }
+
+  // Backward: the reference backward on the host vs the SIMT kernels, gradients poisoned.
+  HostTensor dout(dtype, pb.out.size()), dq(dtype, pb.q.size()), dk(dtype, pb.k.size()),
+      dv(dtype, pb.v.size());
+  fill_random(dout, 99);
+  AttentionBackwardParams hb;
+  hb.forward = pb.params;
+  hb.forward.out = const_cast<void*>(ref.data());
+  hb.forward.lse = nullptr;
+  hb.dout = dout.data();
+  hb.dout_strides = pb.params.out_strides;
+  hb.dq_strides = pb.params.q_strides;
+  hb.dk_strides = pb.params.k_strides;
+  hb.dv_strides = pb.params.v_strides;
+  hb.dq = dq.data();
+  hb.dk = dk.data();
+  hb.dv = dv.data();
+  reference_attention_backward(hb);
+
+  DeviceBuffer d_out(ref), d_dout(dout), d_dq(dq.bytes.size()), d_dk(dk.bytes.size()),
+      d_dv(dv.bytes.size());
+  HostTensor poison_q(dtype, pb.q.size()), poison_k(dtype, pb.k.size()),
+      poison_v(dtype, pb.v.size());
+  poison_q.poison();
+  poison_k.poison();
+  poison_v.poison();
+  d_dq.upload(poison_q);
+  d_dk.upload(poison_k);
+  d_dv.upload(poison_v);
+  AttentionBackwardParams db = hb;
+  db.forward = p;
+  db.forward.out = d_out.get();
+  db.dout = d_dout.get();
+  db.dq = d_dq.get();
+  db.dk = d_dk.get();
+  db.dv = d_dv.get();
+  DeviceBuffer workspace(attention_backward_workspace_bytes(db));
+  db.workspace = workspace.get();
+  attention_backward(db, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor gq(dtype, pb.q.size()), gk(dtype, pb.k.size()), gv(dtype, pb.v.size());
+  d_dq.download(gq.data());
+  d_dk.download(gk.data());
+  d_dv.download(gv.data());
+  EXPECT_TRUE(all_close(gq, dq, dtype, 1.0)) << "dq " << c.name;
+  EXPECT_TRUE(all_close(gk, dk, dtype, 1.0)) << "dk " << c.name;
+  EXPECT_TRUE(all_close(gv, dv, dtype, 1.0)) << "dv " << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, MaskGpu,
+                         ::testing::Combine(::testing::ValuesIn(kMaskCases),
+                                            ::testing::Values(DType::kFloat64, DType::kFloat32,
+                                                              DType::kFloat16, DType::kBFloat16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace samattn::testing
