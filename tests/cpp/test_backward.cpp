@@ -3,9 +3,12 @@
 // dtype and option, with poisoned outputs and every element checked.
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "attention/tensor_core/backward_config.h"
+#include "backward_rounding_model.h"
 #include "test_support.h"
 
 namespace samattn::testing {
@@ -335,7 +338,11 @@ struct DeviceBackward {
   }
 };
 
-void expect_matches_reference(BackwardProblem& pb, const Scenario& sc);
+// Which bound applies: the dtype rule (kernels that round only their outputs) or the rule of
+// backward_rounding_model.h (the tensor-core backward, which also rounds P and dS).
+enum class Rule { kDtype, kRoundsPAndDs };
+
+void expect_matches_reference(BackwardProblem& pb, const Scenario& sc, Rule rule = Rule::kDtype);
 
 class BackwardGpu : public ::testing::TestWithParam<GpuCase> {};
 
@@ -350,9 +357,13 @@ TEST_P(BackwardGpu, MatchesReference) {
 
 // Runs attention_backward on device copies of `pb` (poisoned gradients and workspace) and
 // checks every element of dq, dk and dv against the fp64 reference.
-void expect_matches_reference(BackwardProblem& pb, const Scenario& sc) {
+void expect_matches_reference(BackwardProblem& pb, const Scenario& sc, Rule rule) {
   const DType dtype = pb.fwd.dtype;
   DeviceBackward dev(pb);  // gradients still hold the poison pattern
+  std::optional<RoundedBackward> rounded;
+  if (rule == Rule::kRoundsPAndDs) {
+    rounded = rounded_backward(pb.params, pb.dq.size(), pb.dk.size(), pb.dv.size());
+  }
   reference_attention_backward(pb.params);
 
   attention_backward(dev.params, nullptr);
@@ -362,18 +373,31 @@ void expect_matches_reference(BackwardProblem& pb, const Scenario& sc) {
   dev.dk.download(dk.data());
   dev.dv.download(dv.data());
   // The kernels accumulate in fp32 (fp64); out and lse are inputs of both sides, so the
-  // forward's own rule applies (test_support.h's tolerance_for). The tensor-core path also
-  // rounds P and dS to the input type as mma operands (relative error 2^-9 / 2^-12 per term,
-  // a quarter of the tolerance's step), as FlashAttention does.
-  // The terms each gradient sums: dV of P * dO, dQ and dK of scale * P * (dO.V - D) * K (or
-  // Q). Their size, not the gradient's own (zero when a row sees one key), sets the error scale.
+  // forward's own rule applies (test_support.h's tolerance_for), with the size of the terms
+  // each gradient sums as the atol scale: dV sums P * dO, dQ and dK scale * P * (dO.V - D) * K
+  // (or Q). Their size, not the gradient's own (zero when a row sees one key), sets it.
   const double scale =
       std::fabs(pb.params.forward.softmax_scale ? *pb.params.forward.softmax_scale
                                                 : default_softmax_scale(sc.shape.head_dim));
   const double dp = max_abs(pb.dout) * max_abs(pb.fwd.v);
-  EXPECT_TRUE(all_close(dq, pb.dq, dtype, scale * dp * max_abs(pb.fwd.k))) << "dq";
-  EXPECT_TRUE(all_close(dk, pb.dk, dtype, scale * dp * max_abs(pb.fwd.q))) << "dk";
-  EXPECT_TRUE(all_close(dv, pb.dv, dtype, max_abs(pb.dout))) << "dv";
+  const double dq_floor = scale * dp * max_abs(pb.fwd.k);
+  const double dk_floor = scale * dp * max_abs(pb.fwd.q);
+  const double dv_floor = max_abs(pb.dout);
+  if (rule == Rule::kDtype) {
+    EXPECT_TRUE(all_close(dq, pb.dq, dtype, dq_floor)) << "dq";
+    EXPECT_TRUE(all_close(dk, pb.dk, dtype, dk_floor)) << "dk";
+    EXPECT_TRUE(all_close(dv, pb.dv, dtype, dv_floor)) << "dv";
+    return;
+  }
+  // The tensor-core backward rounds P and dS to the dtype as mma operands (as FlashAttention
+  // does): an element's error is up to u times the magnitude of the terms it sums, far above
+  // the dtype rule where the terms cancel (see backward_rounding_model.h).
+  EXPECT_TRUE(within_backward_rule(dq, pb.dq, rounded->dq, rounded->dq_terms, dtype, dq_floor))
+      << "dq";
+  EXPECT_TRUE(within_backward_rule(dk, pb.dk, rounded->dk, rounded->dk_terms, dtype, dk_floor))
+      << "dk";
+  EXPECT_TRUE(within_backward_rule(dv, pb.dv, rounded->dv, rounded->dv_terms, dtype, dv_floor))
+      << "dv";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, BackwardGpu, ::testing::ValuesIn(all_gpu_cases()),
@@ -480,7 +504,7 @@ TEST_P(BackwardTensorCore, MatchesReference) {
                      sc.scale);
   pb.params.forward.backend = Backend::kTensorCore;  // throws if the call fell back to SIMT
   pb.params.deterministic = GetParam().deterministic;
-  expect_matches_reference(pb, sc);
+  expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardTensorCore, ::testing::ValuesIn(all_tensor_core_cases()),
@@ -489,6 +513,42 @@ INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardTensorCore, ::testing::ValuesIn(all_t
                                   (info.param.deterministic ? "_deterministic_" : "_atomic_") +
                                   info.param.scenario.name;
                          });
+
+// The tensor-core rule (backward_rounding_model.h) on the host: the same-dtype reference, whose
+// error is exactly what rounding P and dS costs, is within it; a result with two keys' rows
+// swapped (a fragment-map bug) is not.
+TEST(BackwardTensorCoreRule, SameDtypeReferencePassesAndSwappedKeysFail) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const Shape s{1, 2, 1, 70, 70, 64, 64};
+    BackwardProblem pb(s, dtype, /*causal=*/true, 1, false, 5);
+    const RoundedBackward m = rounded_backward(pb.params, pb.dq.size(), pb.dk.size(), pb.dv.size());
+    reference_attention_backward(pb.params);
+    const double scale = default_softmax_scale(s.head_dim);
+    const double dp = max_abs(pb.dout) * max_abs(pb.fwd.v);
+    const double dq_floor = scale * dp * max_abs(pb.fwd.k);
+    const double dk_floor = scale * dp * max_abs(pb.fwd.q);
+    const double dv_floor = max_abs(pb.dout);
+    EXPECT_TRUE(within_backward_rule(m.dq, pb.dq, m.dq, m.dq_terms, dtype, dq_floor));
+    EXPECT_TRUE(within_backward_rule(m.dk, pb.dk, m.dk, m.dk_terms, dtype, dk_floor));
+    EXPECT_TRUE(within_backward_rule(m.dv, pb.dv, m.dv, m.dv_terms, dtype, dv_floor));
+    // The rounding is visible: the same-dtype reference differs from the fp64 one.
+    double differs = 0;
+    for (int64_t i = 0; i < pb.dv.size(); ++i) {
+      differs = std::max(differs, std::fabs(m.dv.get(i) - pb.dv.get(i)));
+    }
+    EXPECT_GT(differs, 0.0);
+    for (const bool on_dq : {false, true}) {
+      HostTensor swapped = on_dq ? m.dq : m.dv;
+      for (int64_t c = 0; c < s.head_dim; ++c) {  // rows 5 and 6 of the first head
+        swapped.set(5 * s.head_dim + c, (on_dq ? m.dq : m.dv).get(6 * s.head_dim + c));
+        swapped.set(6 * s.head_dim + c, (on_dq ? m.dq : m.dv).get(5 * s.head_dim + c));
+      }
+      EXPECT_FALSE(on_dq ? within_backward_rule(swapped, pb.dq, m.dq, m.dq_terms, dtype, dq_floor)
+                         : within_backward_rule(swapped, pb.dv, m.dv, m.dv_terms, dtype, dv_floor))
+          << dtype_name(dtype) << (on_dq ? " dq" : " dv");
+    }
+  }
+}
 
 // The fp32 dQ accumulator is in the workspace only when the atomic tensor-core path may run.
 TEST(BackwardTensorCoreWorkspace, HoldsTheDqAccumulator) {
@@ -525,7 +585,9 @@ TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
     BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
                        sc.scale);
     SCOPED_TRACE(sc.name);
-    expect_matches_reference(pb, sc);
+    // kAuto takes the tensor-core backward where it has an instantiation (head dim 64 here).
+    const bool tensor_core = tensor_core::is_backward_head_dim(sc.shape.head_dim);
+    expect_matches_reference(pb, sc, tensor_core ? Rule::kRoundsPAndDs : Rule::kDtype);
   }
   BackwardProblem pb({1, 2, 2, 31, 45, 40, 40}, DType::kBFloat16);
   pb.params.forward.backend = Backend::kTensorCore;

@@ -112,6 +112,86 @@ def assert_close_tensor_core(out, ref, lowp_ref, dtype):
                            f"{baseline:.3e} + u*scale ({bound:.3e})")
 
 
+def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_stride=1):
+    """A same-dtype reference of the tensor-core backward: float64 arithmetic on the inputs (and
+    the forward's `out`, as D = rowsum(dout * out) on both sides), with the kernel's roundings:
+    P rounded to the dtype before dV = P^T dO, dS = P (dP - D) (from the unrounded P) rounded to it
+    before dQ = scale dS K and dK = scale dS^T Q, the gradients rounded to it. Returns
+    ((dq, dk, dv), (dq_terms, dk_terms, dv_terms)): the gradients in float64 and, per element, the
+    magnitude of the terms it sums (sum |P| |dO| for dV, |scale| sum |dS| |Q| for dK, |scale| sum
+    |dS| |K| for dQ; dK, dV summed over the query heads of the group; skipped keys get zeros)."""
+    dtype = q.dtype
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    q64, do64, out64 = (t.detach().double().cpu() for t in (q, dout, out))
+    k_kept = k.detach().double().cpu()[:, :, ::kv_stride].repeat_interleave(group, 1)
+    v_kept = v.detach().double().cpu()[:, :, ::kv_stride].repeat_interleave(group, 1)
+    scores = (q64 @ k_kept.transpose(-1, -2)) * scale
+    if causal:
+        positions = torch.arange(k_kept.shape[2]) * kv_stride
+        hidden = positions[None, :] > torch.arange(seqlen_q)[:, None]
+        scores = scores.masked_fill(hidden, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)  # rows without keys: P = 0
+    d = (do64 * out64).sum(-1, keepdim=True)
+    ds = probs * (do64 @ v_kept.transpose(-1, -2) - d)
+
+    def rounded(t):
+        return t.to(dtype).double()
+
+    def per_key_head(t):  # (B, Hq, keys, D) -> (B, Hkv, seqlen_k, D), skipped keys zero
+        summed = t.reshape(batch, heads_kv, group, *t.shape[2:]).sum(2)
+        full = torch.zeros(batch, heads_kv, seqlen_k, t.shape[-1], dtype=torch.float64)
+        full[:, :, ::kv_stride] = summed
+        return full
+
+    dq = scale * rounded(ds) @ k_kept
+    dk = per_key_head(scale * rounded(ds).transpose(-1, -2) @ q64)
+    dv = per_key_head(rounded(probs).transpose(-1, -2) @ do64)
+    dq_terms = abs(scale) * ds.abs() @ k_kept.abs()
+    dk_terms = per_key_head(abs(scale) * ds.abs().transpose(-1, -2) @ q64.abs())
+    dv_terms = per_key_head(probs.transpose(-1, -2) @ do64.abs())
+    return (rounded(dq), rounded(dk), rounded(dv)), (dq_terms, dk_terms, dv_terms)
+
+
+def assert_close_backward_tensor_core(out, ref, lowp_ref, terms, dtype, scale_floor=0.0):
+    """The rule for a backward that rounds P and dS to the dtype as mma operands (the tensor-core
+    backward, as FlashAttention): both of
+     1. FlashAttention-3's: max |out - ref| <= 2 max |lowp_ref - ref| + u max(terms), lowp_ref from
+        lowp_backward_reference (the kernel's error is its error up to fp32 arithmetic);
+     2. element-wise: |out - ref| <= the dtype rule of assert_close + 2 u terms. Rounding P (or dS)
+        moves each term by at most u of itself, so a correct element is off by at most u terms;
+        2x is margin for fp32. A wrong term larger than that fails here even where the maximum of
+        rule 1 is set by other elements.
+    u is the unit roundoff (2^-8 bf16, 2^-11 fp16); terms the magnitude of the summed terms."""
+    got = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    lowp_ref = lowp_ref.detach().double().cpu()
+    terms = terms.detach().double().cpu()
+    assert got.shape == ref.shape, f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} NaN elements"
+    if ref.numel() == 0:
+        return
+    u = _UNIT_ROUNDOFF[dtype]
+    rtol, atol = _TOLERANCE[dtype]
+    scale = max(ref.abs().max().item(), scale_floor)
+    err = (got - ref).abs()
+    bound = rtol * ref.abs() + atol * scale + 2 * u * terms
+    bad = err > bound
+    if bad.any():
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{int(bad.sum())} of {ref.numel()} elements out of the element-wise bound ({dtype}); "
+            f"first at {index}: got {got[index].item()}, expected {ref[index].item()}, same-dtype "
+            f"reference {lowp_ref[index].item()}, bound {bound[index].item():.3e}")
+    ours = err.max().item()
+    baseline = (lowp_ref - ref).abs().max().item()
+    fa3_bound = 2 * baseline + u * terms.max().item()
+    assert ours <= fa3_bound, (f"max error {ours:.3e} exceeds 2 x same-dtype reference error "
+                               f"{baseline:.3e} + u * max terms ({fa3_bound:.3e})")
+
+
 def check_against_reference(out, q, k, v, *, backend="auto", **options):
     """Checks `out` against the fp64 reference with the rule of the kernel that produced it."""
     ref, _ = reference_attention(q, k, v, **options)

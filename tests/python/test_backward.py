@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import samattn
-from helpers import ALL_DTYPES, assert_close, make_qkv, requires_cuda, torch_math_attention
+from helpers import (ALL_DTYPES, assert_close, assert_close_backward_tensor_core,
+                     lowp_backward_reference, make_qkv, requires_cuda, torch_math_attention)
 
 EXAMPLE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "strided_attention")
 
@@ -327,6 +328,40 @@ GPU_SCENARIOS.update(TENSOR_CORE_SCENARIOS_EXTRA)
 TENSOR_CORE_SCENARIOS += list(TENSOR_CORE_SCENARIOS_EXTRA)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("options", [dict(causal=True), dict(kv_stride=3, scale=0.3)],
+                         ids=["causal", "strided"])
+def test_tensor_core_backward_rule(dtype, options):
+    """The rule of the tensor-core test, on the CPU: the same-dtype reference (the error rounding
+    P and dS costs) is within it against float64 autograd; swapping two keys' rows is not."""
+    q, k, v = make_qkv(1, 4, 2, 70, 75, 64, dtype=dtype, seed=9)
+    dout = torch.randn(1, 4, 70, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    out, _ = torch_math_attention(*exact, **options)
+    refs = torch.autograd.grad(out, exact, dout.double())
+    refs = [r.nan_to_num(0.0) for r in refs]  # strided: skipped keys have zero gradients
+    lowp, terms = lowp_backward_reference(dout, q, k, v, out.detach(), **options)
+    for ref, low, term in zip(refs, lowp, terms):
+        assert (low - ref).abs().max() > 0  # the rounding is visible
+        assert_close_backward_tensor_core(low, ref, low, term, dtype)
+    for index in (0, 2):  # dq, dv with rows 5 and 6 swapped
+        swapped = lowp[index].clone()
+        swapped[0, 0, [5, 6]] = lowp[index][0, 0, [6, 5]]
+        with pytest.raises(AssertionError):
+            assert_close_backward_tensor_core(swapped, refs[index], lowp[index], terms[index],
+                                              dtype)
+    if options.get("causal"):  # a mask off by one: keys 16-31 lose their diagonal query's term
+        scores = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / 8.0
+        hidden = torch.arange(75)[None, :] > torch.arange(70)[:, None]
+        probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+        dv = lowp[2].clone()
+        for j in range(16, 32):
+            for h in (0, 1):  # the query heads of key head 0
+                dv[0, 0, j] -= probs[0, h, j, j] * dout[0, h, j].double()
+        with pytest.raises(AssertionError):
+            assert_close_backward_tensor_core(dv, refs[2], lowp[2], terms[2], dtype)
+
+
 def requires_sm80(fn):
     ok = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
     return pytest.mark.skipif(not ok, reason="needs a CUDA GPU of compute capability 8.0+")(fn)
@@ -359,15 +394,19 @@ def test_gpu_tensor_core_autograd_matches_reference(name, dtype, deterministic):
     expected = samattn.ops.attention_backward(
         *cpu, lse.double().cpu(), options.get("scale"), options.get("causal", False),
         options.get("kv_stride", 1), False)
-    # Same rule as the SIMT test: the kernels round P and dS to the input dtype as mma operands
-    # (relative 2^-9 bf16 / 2^-12 fp16 per term, a quarter of the tolerance's step).
+    # The tensor-core backward rounds P and dS to the dtype as mma operands (as FlashAttention):
+    # helpers.assert_close_backward_tensor_core's rule, against a same-dtype reference on the same
+    # inputs and out.
     softmax_scale = abs(options.get("scale") or 1.0 / math.sqrt(q.shape[-1]))
     dp = dout.abs().max().item() * v.abs().max().item()
     floors = (softmax_scale * dp * k.abs().max().item(), softmax_scale * dp * q.abs().max().item(),
               dout.abs().max().item())
-    for got, ref, like, floor in zip(grads, expected, (q, k, v), floors):
+    lowp, terms = lowp_backward_reference(dout, q, k, v, out, causal=options.get("causal", False),
+                                          scale=options.get("scale"),
+                                          kv_stride=options.get("kv_stride", 1))
+    for got, ref, like, low, term, floor in zip(grads, expected, (q, k, v), lowp, terms, floors):
         assert got.shape == like.shape and got.dtype == dtype
-        assert_close(got, ref, dtype, scale_floor=floor)
+        assert_close_backward_tensor_core(got, ref, low, term, dtype, scale_floor=floor)
 
 
 @requires_cuda
