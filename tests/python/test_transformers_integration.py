@@ -104,3 +104,19 @@ def test_gpu_bfloat16_close_to_float64():
     err_theirs = (theirs.double() - exact).abs().max().item()
     assert torch.isfinite(ours).all()
     assert err_ours <= 2 * err_theirs + 2.0**-8 * exact.abs().max().item(), (err_ours, err_theirs)
+
+
+def test_padded_batch_matches_sdpa_on_real_tokens():
+    # Left padding: transformers builds a boolean 4-D mask, which samattn applies as attn_mask.
+    # Padding query rows see no key (samattn: 0, sdpa: transformers' fix-up), so only the real
+    # tokens' logits are compared.
+    samattn_hf.register()
+    ours = tiny_llama("samattn", torch.float64, "cpu")
+    theirs = tiny_llama("sdpa", torch.float64, "cpu")
+    tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(4))
+    attention_mask = torch.ones(2, 20, dtype=torch.long)
+    attention_mask[1, :7] = 0
+    got = ours(input_ids=tokens, attention_mask=attention_mask).logits
+    ref = theirs(input_ids=tokens, attention_mask=attention_mask).logits
+    real = attention_mask.bool()
+    assert_close(got[real], ref[real], torch.float64, scale_floor=1.0)
