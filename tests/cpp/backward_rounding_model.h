@@ -5,7 +5,7 @@
 // two roundings the kernels make: P rounded to the dtype before dV = P^T dO, dS = P * (dP - D)
 // (from the unrounded P) rounded to the dtype before dQ = scale dS K and dK = scale dS^T Q;
 // outputs rounded to the dtype. It also returns, per gradient element, the magnitude of the terms
-// the element sums: sum_i |P_ij| |dO_ic| for dV, |scale| sum |dS| |Q| for dK, |scale| sum |dS| |K|
+// the element sums: sum_i |P_ij| |dO_ic| for dV, |scale| sum P (|dP| + |D|) |Q| for dK, |scale| sum P (|dP| + |D|) |K|
 // for dQ (dK, dV summed over the query heads of the group).
 //
 // within_backward_rule(): the bound, two parts, each needed:
@@ -114,14 +114,17 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
                 dv_terms[j * dvd + c] += prob[j] * std::fabs(g);
               }
               const double ds_exact = prob[j] * (dp - delta);
+              // dS cancels (to 0 when a row sees one key): its rounding error scales with the
+              // terms before the cancellation, P (|dP| + |D|), D coming from the rounded output.
+              const double ds_terms = prob[j] * (std::fabs(dp) + std::fabs(delta));
               const double ds_rounded = round_to_dtype(t, ds_exact);
               const int64_t kj = at(p.k_strides, b, hk, j);
               for (int64_t c = 0; c < d; ++c) {
                 const double kv = load(p.k, kj + c), qv = load(p.q, qi + c);
                 dq[c] += ds_rounded * kv;
-                dq_terms[c] += std::fabs(ds_exact * kv);
+                dq_terms[c] += ds_terms * std::fabs(kv);
                 dk[j * d + c] += ds_rounded * qv;
-                dk_terms[j * d + c] += std::fabs(ds_exact * qv);
+                dk_terms[j * d + c] += ds_terms * std::fabs(qv);
               }
             }
           }

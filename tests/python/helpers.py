@@ -71,6 +71,25 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
             f"{err.max().item():.3e}")
 
 
+_ACCUMULATION_EPS = {torch.float64: 2.0**-53}  # every other dtype accumulates in float32
+
+
+def score_error_floor(q, k, v, scale, dtype) -> float:
+    """A scale_floor for assert_close that covers the error of large logits: the kernels compute
+    s = scale * q.k and exp2(s * log2e) in the accumulation type, so P moves by about u times the
+    logit's magnitude, at most S = |scale| max_ij sum_d |q_id k_jd|, and the output by twice that
+    times max|v|. Returned in units of the dtype's atol, as assert_close's floor expects."""
+    u = _ACCUMULATION_EPS.get(dtype, 2.0**-24)
+    if q.numel() == 0 or k.numel() == 0:
+        return 0.0
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = q.shape[1] // k.shape[1]
+    q_abs = q.detach().double().abs()
+    k_abs = k.detach().double().abs().repeat_interleave(group, 1)
+    logits = abs(scale) * (q_abs @ k_abs.transpose(-1, -2)).max().item()
+    return 4 * u * logits * v.detach().double().abs().max().item() / _TOLERANCE[dtype][1]
+
+
 def lowp_reference(q, k, v, *, causal=False, scale=None, kv_stride=1):
     """A same-dtype reference for tensor-core kernels: float64 arithmetic, but P = exp(s - max)
     rounded to the input dtype before P @ V (as the kernels feed P to the tensor cores), the row
@@ -118,8 +137,8 @@ def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_
     P rounded to the dtype before dV = P^T dO, dS = P (dP - D) (from the unrounded P) rounded to it
     before dQ = scale dS K and dK = scale dS^T Q, the gradients rounded to it. Returns
     ((dq, dk, dv), (dq_terms, dk_terms, dv_terms)): the gradients in float64 and, per element, the
-    magnitude of the terms it sums (sum |P| |dO| for dV, |scale| sum |dS| |Q| for dK, |scale| sum
-    |dS| |K| for dQ; dK, dV summed over the query heads of the group; skipped keys get zeros)."""
+    magnitude of the terms it sums (sum |P| |dO| for dV, |scale| sum P (|dP| + |D|) |Q| for dK,
+    |scale| sum P (|dP| + |D|) |K| for dQ; dK, dV summed over the query heads of the group; skipped keys get zeros)."""
     dtype = q.dtype
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
@@ -135,7 +154,11 @@ def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_
         scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)  # rows without keys: P = 0
     d = (do64 * out64).sum(-1, keepdim=True)
-    ds = probs * (do64 @ v_kept.transpose(-1, -2) - d)
+    dp = do64 @ v_kept.transpose(-1, -2)
+    ds = probs * (dp - d)
+    # dS = P (dP - D) cancels (to 0 when a row sees one key); its rounding error scales with the
+    # terms before the cancellation, P (|dP| + |D|), D being computed from the rounded output.
+    ds_terms = probs * (dp.abs() + d.abs())
 
     def rounded(t):
         return t.to(dtype).double()
@@ -149,8 +172,8 @@ def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_
     dq = scale * rounded(ds) @ k_kept
     dk = per_key_head(scale * rounded(ds).transpose(-1, -2) @ q64)
     dv = per_key_head(rounded(probs).transpose(-1, -2) @ do64)
-    dq_terms = abs(scale) * ds.abs() @ k_kept.abs()
-    dk_terms = per_key_head(abs(scale) * ds.abs().transpose(-1, -2) @ q64.abs())
+    dq_terms = abs(scale) * ds_terms @ k_kept.abs()
+    dk_terms = per_key_head(abs(scale) * ds_terms.transpose(-1, -2) @ q64.abs())
     dv_terms = per_key_head(probs.transpose(-1, -2) @ do64.abs())
     return (rounded(dq), rounded(dk), rounded(dv)), (dq_terms, dk_terms, dv_terms)
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import samattn
-from helpers import ALL_DTYPES, assert_close, make_qkv, requires_cuda
+from helpers import (ALL_DTYPES, assert_close, assert_close_tensor_core, lowp_reference, make_qkv,
+                     requires_cuda)
 
 NEG_INF = float("-inf")
 
@@ -72,6 +73,31 @@ def reference(q, k, v, **options):
     return samattn.attention(q.detach().double().cpu(), k.detach().double().cpu(),
                              v.detach().double().cpu(), return_lse=True, attn_mask=mask,
                              **options)
+
+
+def reference_gradients(q, k, v, out, dout, *, attn_mask=None, causal=False, kv_stride=1,
+                        window=None, sparse_pattern="none", sparse_block=0, sparse_summary=0,
+                        block_sparse=None):
+    """The fp64 reference backward (CPU key of the op) fed the kernel's own forward output: the
+    backward's D = rowsum(dO * out) then uses the same out on both sides, as in FlashAttention's
+    backward (an exact out would differ by the output's rounding times |dO|)."""
+    def cpu(t):
+        return t.detach().double().cpu()
+
+    q64, k64, v64 = cpu(q), cpu(k), cpu(v)
+    mask = None if attn_mask is None else attn_mask.cpu()
+    bs = block_sparse
+    if bs is not None:
+        bs = samattn.block_sparse.from_map(bs.to_map(k.shape[2]).cpu(), bs.block_q, bs.block_k)
+    _, lse = samattn.attention(q64, k64, v64, return_lse=True, attn_mask=mask, causal=causal,
+                               kv_stride=kv_stride, window=window, sparse_pattern=sparse_pattern,
+                               sparse_block=sparse_block, sparse_summary=sparse_summary,
+                               block_sparse=bs)
+    left, right = window if window is not None else (-1, -1)
+    extra = () if bs is None else (bs.to_map(k.shape[2]), bs.block_q, bs.block_k)
+    return samattn.ops.attention_backward(cpu(dout), q64, k64, v64, cpu(out), lse, None, causal,
+                                          kv_stride, False, "auto", mask, left, right,
+                                          sparse_pattern, sparse_block, sparse_summary, *extra)
 
 
 # Structural options: (shape (B, Hq, Hkv, Sq, Sk, D, Dv), options, definition of the mask).
@@ -326,6 +352,18 @@ def per_sequence(q, k, v, cu_q, cu_k, **options):
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
+def per_sequence_lowp(q, k, v, cu_q, cu_k, causal=False):
+    """helpers.lowp_reference (P rounded to the dtype) per sequence, stitched like per_sequence."""
+    outs = []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0).detach().cpu()
+                      for t, lo, hi in ((q, cq[b], cq[b + 1]), (k, ck[b], ck[b + 1]),
+                                        (v, ck[b], ck[b + 1])))
+        outs.append(lowp_reference(qs, ks, vs, causal=causal)[0].transpose(0, 1))
+    return torch.cat(outs, 0)
+
+
 VARLEN_CASES = {
     "mixed": ([5, 1, 9, 3], [5, 1, 9, 3], {}),
     "causal": ([7, 2, 6], [7, 2, 6], dict(causal=True)),
@@ -437,9 +475,7 @@ def test_gpu_attn_mask_forward_and_backward(dtype, shape, kind):
     assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(want_lse))
     dout = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
-    want_grads = torch.autograd.grad(samattn.attention(q64, k64, v64, attn_mask=mask.cpu()),
-                                     (q64, k64, v64), dout.double().cpu())
+    want_grads = reference_gradients(q, k, v, out, dout, attn_mask=mask)
     for got, ref in zip(grads, want_grads):
         assert_close(got, ref, dtype, scale_floor=1.0)
 
@@ -454,9 +490,7 @@ def test_gpu_pattern_gradients(name, dtype):
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(34)).to(
         device="cuda", dtype=dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
-    want = torch.autograd.grad(samattn.attention(q64, k64, v64, **options), (q64, k64, v64),
-                               dout.double().cpu())
+    want = reference_gradients(q, k, v, out, dout, **options)
     for got, ref in zip(grads, want):
         assert_close(got, ref, dtype, scale_floor=1.0)
 
@@ -518,15 +552,23 @@ def test_gpu_varlen(name, dtype):
     out, lse = samattn.varlen_attention(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                         return_lse=True, **options)
     want, want_lse = per_sequence(q, k, v, cu_q.cpu(), cu_k.cpu(), **options)
-    assert_close(out, want, dtype)
+    if dtype in (torch.float16, torch.bfloat16) and "window" not in options:
+        # Each sequence runs on the tensor-core (or Hopper) forward, which rounds P.
+        lowp = per_sequence_lowp(q, k, v, cu_q.cpu(), cu_k.cpu(), **options)
+        assert_close_tensor_core(out, want, lowp, dtype)
+    else:
+        assert_close(out, want, dtype)
     assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(want_lse))
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(38)).to(
         device="cuda", dtype=dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
-    want_grads = torch.autograd.grad(
-        per_sequence(q64, k64, v64, cu_q.cpu(), cu_k.cpu(), **options)[0], (q64, k64, v64),
-        dout.double().cpu())
+    # The reference backward fed the kernel's forward output (D = rowsum(dO * out) on both
+    # sides, as in FlashAttention's backward).
+    cpu = [t.detach().double().cpu() for t in (dout, q, k, v, out)]
+    window = options.get("window", (-1, -1))
+    want_grads = samattn.ops.varlen_attention_backward(
+        *cpu, want_lse, cu_q.cpu(), cu_k.cpu(), max(lengths_q), max(lengths_k), None,
+        options.get("causal", False), window[0], window[1])
     for got, ref in zip(grads, want_grads):
         assert_close(got, ref, dtype, scale_floor=1.0)
 
@@ -637,6 +679,7 @@ def test_gpu_block_sparse(dtype):
     assert_close(out, want, dtype)
     dout = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    want_grads = torch.autograd.grad(want, (q64, k64, v64), dout.double().cpu())
+    want_grads = reference_gradients(q, k, v, out, dout, block_sparse=bs, attn_mask=mask,
+                                      causal=True)
     for got, ref in zip(grads, want_grads):
         assert_close(got, ref, dtype, scale_floor=1.0)
