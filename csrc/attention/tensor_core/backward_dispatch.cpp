@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/alignment.h"
 #include "attention/tensor_core/backward_config.h"
 #include "attention/tensor_core/backward_launch.h"
 #include "attention/tensor_core/forward_launch.h"
@@ -12,35 +13,6 @@ namespace {
 
 Status unsupported(const std::string& why) {
   return Status::failure("backend tensor_core does not support " + why);
-}
-
-// The kernels move 16-byte vectors: the base pointer and every stride they step along (of
-// dimensions longer than 1) must be multiples of 16 bytes. Returns "" or what is misaligned.
-std::string misalignment(const char* name, const void* pointer, const Strides& strides,
-                         int64_t row_stride, int64_t batch, int64_t heads, int64_t rows,
-                         int element_bytes) {
-  constexpr int64_t kAlign = 16;
-  if (reinterpret_cast<uintptr_t>(pointer) % kAlign != 0) {
-    return detail::concat(name, " pointer ", pointer, " is not 16-byte aligned");
-  }
-  const struct {
-    const char* what;
-    int64_t stride, extent;
-  } steps[] = {
-      {"batch", strides.batch, batch}, {"head", strides.head, heads}, {"row", row_stride, rows}};
-  for (const auto& step : steps) {
-    if (step.extent > 1 && step.stride * element_bytes % kAlign != 0) {
-      return detail::concat(name, " ", step.what, " stride ", step.stride,
-                            " elements is not a multiple of 16 bytes");
-    }
-  }
-  return "";
-}
-
-std::string backward_head_dims() {
-  std::string list;
-  for (int d : kBackwardHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
-  return list;
 }
 
 }  // namespace
@@ -59,7 +31,7 @@ Status backward_supports(const AttentionBackwardParams& bp) {
   if (p.head_dim != p.head_dim_v || !is_backward_head_dim(p.head_dim)) {
     return unsupported(detail::concat("the backward with head_dim ", p.head_dim, " and head_dim_v ",
                                       p.head_dim_v, " (supported: equal, one of ",
-                                      backward_head_dims(), ")"));
+                                      detail::comma_list(kBackwardHeadDims), ")"));
   }
   // dtype, compute capability and the alignment of q, k, v and out.
   const Status forward = supports(p);
@@ -74,13 +46,14 @@ Status backward_supports(const AttentionBackwardParams& bp) {
   const int bytes = dtype_size(p.dtype);
   const int64_t keys = p.seqlen_k;  // dk/dv rows are written at every physical row
   const std::string misaligned[] = {
-      misalignment("dout", bp.dout, bp.dout_strides, bp.dout_strides.seq, p.batch, p.heads_q,
-                   p.seqlen_q, bytes),
-      misalignment("dq", bp.dq, bp.dq_strides, bp.dq_strides.seq, p.batch, p.heads_q, p.seqlen_q,
-                   bytes),
-      misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq, p.batch, p.heads_kv, keys, bytes),
-      misalignment("dv", bp.dv, bp.dv_strides, bp.dv_strides.seq, p.batch, p.heads_kv, keys,
-                   bytes)};
+      detail::misalignment("dout", bp.dout, bp.dout_strides, bp.dout_strides.seq, p.batch,
+                           p.heads_q, p.seqlen_q, bytes),
+      detail::misalignment("dq", bp.dq, bp.dq_strides, bp.dq_strides.seq, p.batch, p.heads_q,
+                           p.seqlen_q, bytes),
+      detail::misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq, p.batch, p.heads_kv, keys,
+                           bytes),
+      detail::misalignment("dv", bp.dv, bp.dv_strides, bp.dv_strides.seq, p.batch, p.heads_kv, keys,
+                           bytes)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }
@@ -102,7 +75,7 @@ void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t 
       return launch_backward<kDType, 128>(params, stream);
   }
   SAMATTN_CHECK(false, "backend tensor_core does not support the backward with head_dim ",
-                params.fwd.head_dim, " (supported: ", backward_head_dims(), ")");
+                params.fwd.head_dim, " (supported: ", detail::comma_list(kBackwardHeadDims), ")");
 }
 
 }  // namespace
