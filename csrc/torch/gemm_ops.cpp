@@ -64,8 +64,8 @@ void strides_of(const at::Tensor& t, int64_t& row, int64_t& col, int64_t& batch)
   batch = t.dim() == 3 ? t.stride(0) : 0;
 }
 
-void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha,
-              double beta, bool allow_tf32) {
+// The GemmParams of C = A B over checked operands (2-D or batched 3-D, any strides).
+GemmParams bind_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   GemmParams p;
   p.dtype = to_dtype(a.scalar_type(), "a");
   p.a = a.data_ptr();
@@ -78,6 +78,12 @@ void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, d
   strides_of(a, p.a_row_stride, p.a_col_stride, p.a_batch_stride);
   strides_of(b, p.b_row_stride, p.b_col_stride, p.b_batch_stride);
   strides_of(out, p.c_row_stride, p.c_col_stride, p.c_batch_stride);
+  return p;
+}
+
+void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha,
+              double beta, bool allow_tf32) {
+  GemmParams p = bind_gemm(a, b, out);
   p.alpha = alpha;
   p.beta = beta;
   p.allow_tf32 = allow_tf32 && p.dtype == DType::kFloat32;
@@ -171,18 +177,7 @@ std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_
                     "samattn: gemm_kernel needs CUDA tensors; CPU tensors run "
                     "the fp64 reference");
   const at::Tensor out = at::empty(shape, a.options());
-  GemmParams p;
-  p.dtype = to_dtype(a.scalar_type(), "a");
-  p.a = a.data_ptr();
-  p.b = b.data_ptr();
-  p.c = out.data_ptr();
-  p.batch = a.dim() == 3 ? a.size(0) : 1;
-  p.m = a.size(-2);
-  p.k = a.size(-1);
-  p.n = b.size(-1);
-  strides_of(a, p.a_row_stride, p.a_col_stride, p.a_batch_stride);
-  strides_of(b, p.b_row_stride, p.b_col_stride, p.b_batch_stride);
-  strides_of(out, p.c_row_stride, p.c_col_stride, p.c_batch_stride);
+  GemmParams p = bind_gemm(a, b, out);
   p.allow_tf32 = allow_tf32 && p.dtype == DType::kFloat32;
   const c10::cuda::CUDAGuard guard(a.device());
   try {
