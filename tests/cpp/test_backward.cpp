@@ -283,21 +283,9 @@ const Scenario kScenarios[] = {
     {"no_queries", {1, 2, 1, 0, 10, 16, 16}},
 };
 
-struct GpuCase {
-  Scenario scenario;
-  DType dtype;
-};
-
-std::vector<GpuCase> all_gpu_cases() {
-  std::vector<GpuCase> cases;
-  for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    for (const Scenario& s : kScenarios) cases.push_back({s, dtype});
-  }
-  return cases;
-}
-
-void PrintTo(const GpuCase& c, std::ostream* os) {
-  *os << dtype_name(c.dtype) << "/" << c.scenario.name;
+std::vector<Case> all_gpu_cases() {
+  return cases_in({DType::kFloat64, DType::kFloat32, DType::kFloat16, DType::kBFloat16},
+                  kScenarios);
 }
 
 // Device copies of a problem's inputs, poisoned gradients and a poisoned workspace.
@@ -344,7 +332,7 @@ enum class Rule { kDtype, kRoundsPAndDs };
 
 void expect_matches_reference(BackwardProblem& pb, const Scenario& sc, Rule rule = Rule::kDtype);
 
-class BackwardGpu : public ::testing::TestWithParam<GpuCase> {};
+class BackwardGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BackwardGpu, MatchesReference) {
   SKIP_WITHOUT_GPU();
@@ -400,11 +388,7 @@ void expect_matches_reference(BackwardProblem& pb, const Scenario& sc, Rule rule
       << "dv";
 }
 
-INSTANTIATE_TEST_SUITE_P(AllDtypes, BackwardGpu, ::testing::ValuesIn(all_gpu_cases()),
-                         [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  info.param.scenario.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, BackwardGpu, ::testing::ValuesIn(all_gpu_cases()), case_name);
 
 // Runs the backward of `pb` twice on the same device buffers; expects bit-identical dq, dk, dv.
 void expect_bit_identical_reruns(BackwardProblem& pb) {

@@ -29,21 +29,9 @@ const Scenario kScenarios[] = {
     {"no_keys", {1, 2, 2, 10, 0, 16, 16}},
 };
 
-struct Case {
-  Scenario scenario;
-  DType dtype;
-};
-
 std::vector<Case> all_cases() {
-  std::vector<Case> cases;
-  for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    for (const Scenario& s : kScenarios) cases.push_back({s, dtype});
-  }
-  return cases;
-}
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << dtype_name(c.dtype) << "/" << c.scenario.name;
+  return cases_in({DType::kFloat64, DType::kFloat32, DType::kFloat16, DType::kBFloat16},
+                  kScenarios);
 }
 
 class ForwardGpu : public ::testing::TestWithParam<Case> {};
@@ -93,11 +81,7 @@ TEST_P(ForwardGpu, MatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllDtypes, ForwardGpu, ::testing::ValuesIn(all_cases()),
-                         [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  info.param.scenario.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, ForwardGpu, ::testing::ValuesIn(all_cases()), case_name);
 
 TEST(ForwardGpuRuns, RerunsAreBitIdentical) {
   SKIP_WITHOUT_GPU();

@@ -74,6 +74,31 @@ struct Scenario {
   }
 };
 
+// One scenario in one dtype: the parameter of the GPU suites.
+struct Case {
+  Scenario scenario;
+  DType dtype;
+};
+
+// Every scenario of `scenarios` in every dtype of `dtypes`, dtype-major.
+template <typename Scenarios>
+std::vector<Case> cases_in(std::initializer_list<DType> dtypes, const Scenarios& scenarios) {
+  std::vector<Case> cases;
+  for (DType dtype : dtypes) {
+    for (const Scenario& s : scenarios) cases.push_back({s, dtype});
+  }
+  return cases;
+}
+
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << dtype_name(c.dtype) << "/" << c.scenario.name;
+}
+
+// The gtest name of a case: "<dtype>_<scenario>".
+inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(dtype_name(info.param.dtype)) + "_" + info.param.scenario.name;
+}
+
 // A problem whose tensors live in host memory. `seq_major` stores (B, S, H, D) and views it as
 // (B, H, S, D) through strides, as in a model that never transposes.
 struct Problem {

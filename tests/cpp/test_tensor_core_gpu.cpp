@@ -163,21 +163,8 @@ std::vector<Scenario> scenarios() {
   return list;
 }
 
-struct Case {
-  Scenario scenario;
-  DType dtype;
-};
-
 std::vector<Case> all_cases() {
-  std::vector<Case> cases;
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
-    for (const Scenario& s : scenarios()) cases.push_back({s, dtype});
-  }
-  return cases;
-}
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << dtype_name(c.dtype) << "/" << c.scenario.name;
+  return cases_in({DType::kFloat16, DType::kBFloat16, DType::kFloat32}, scenarios());
 }
 
 // Runs `pb` on the device with `backend`; returns the output and (float) lse per row.
@@ -271,11 +258,7 @@ TEST_P(TensorCoreGpu, MatchesReference) {
   check_against_reference(GetParam(), Backend::kTensorCore);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()),
-                         [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  info.param.scenario.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()), case_name);
 
 TEST(TensorCoreGpuRuns, NanInOneQueryPoisonsOnlyItsRow) {
   SKIP_WITHOUT_TENSOR_CORES();
@@ -439,11 +422,7 @@ std::vector<Case> hopper_cases() {
   }
   list.push_back({"long_1000_causal_d128", {1, 2, 2, 1000, 1000, 128, 128}, true});
   list.push_back({"single_query_sk1_causal_d128", {2, 3, 1, 1, 1, 128, 128}, true});
-  std::vector<Case> cases;
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (const Scenario& s : list) cases.push_back({s, dtype});
-  }
-  return cases;
+  return cases_in({DType::kFloat16, DType::kBFloat16}, list);
 }
 
 class HopperGpu : public ::testing::TestWithParam<Case> {};
@@ -453,11 +432,7 @@ TEST_P(HopperGpu, MatchesReference) {
   check_against_reference(GetParam(), Backend::kHopper);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllShapes, HopperGpu, ::testing::ValuesIn(hopper_cases()),
-                         [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  info.param.scenario.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllShapes, HopperGpu, ::testing::ValuesIn(hopper_cases()), case_name);
 
 // Both paths within the bound of the reference, and within twice the bound of each other.
 TEST(HopperGpuRuns, AgreesWithTheSm80Path) {
