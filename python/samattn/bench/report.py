@@ -75,6 +75,7 @@ def write(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
             writer.writerow({**env, **row})
     paths.append(csv_path)
     paths += plot(rows, env, out_dir, name)
+    paths += plot_speedups(rows, env, out_dir, name)
     return paths
 
 
@@ -121,6 +122,52 @@ def plot(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
     fig.suptitle(f"{env['gpu']}, torch {env['torch']}, samattn {env['commit']}", fontsize=9)
     fig.tight_layout()
     path = os.path.join(out_dir, f"{name}_tflops.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+# Competitors shown in the speedup bars, in this order, when a configuration has them.
+SPEEDUP_COMPETITORS = ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "sdpa-default",
+                       "flex", "torch-unfused", "torch-matmul"]
+
+
+def plot_speedups(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
+    """Horizontal bars: samattn's speedup (competitor time / samattn time, log scale, 1 = tie)
+    against each competitor, one group of bars per configuration; skipped when matplotlib is
+    missing or no configuration has a competitor."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    ours = [r for r in rows if r["method"] == "samattn" and r.get("status") == "ok"
+            and r.get("timing") != "host latency"]
+    shown = [c for c in SPEEDUP_COMPETITORS if any(f"speedup_vs_{c}" in r for r in ours)]
+    ours = [r for r in ours if any(f"speedup_vs_{c}" in r for c in shown)]
+    if not ours:
+        return []
+    height = 0.8 / len(shown)
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.28 * len(ours) * max(1, len(shown) / 2)))
+    palette = plt.get_cmap("tab10")
+    for i, competitor in enumerate(shown):
+        values = [r.get(f"speedup_vs_{competitor}", float("nan")) for r in ours]
+        ax.barh([y + i * height for y in range(len(ours))], values, height=height,
+                label=f"vs {competitor}", color=palette(i % 10))
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    labels = [r["label"] + (f" [{r['mask']}]" if r.get("mask") else "") for r in ours]
+    ax.set_yticks([y + height * (len(shown) - 1) / 2 for y in range(len(ours))])
+    ax.set_yticklabels(labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("samattn speedup (competitor time / samattn time; > 1: samattn faster)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{env['gpu']}, torch {env['torch']}, samattn {env['commit']}", fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{name}_speedups.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
