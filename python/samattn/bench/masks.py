@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import samattn
 from samattn.bench.configs import DTYPES
+from samattn.bench.flex import compiled_flex_attention
 from samattn.bench.timing import measure, peak_memory_bytes
 
 _MAX_REL_ERROR = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 3e-2}
@@ -131,7 +132,7 @@ _FLEX = {}
 
 
 def _flex_call(case: MaskCase, q, k, v):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask
 
     if case.name not in _FLEX:
         visible = case.visible
@@ -141,10 +142,8 @@ def _flex_call(case: MaskCase, q, k, v):
 
         block_mask = create_block_mask(mask_mod, case.batch if case.per_batch else None, None,
                                        case.seqlen, case.seqlen, device=q.device)
-        if "compiled" not in _FLEX:
-            _FLEX["compiled"] = torch.compile(flex_attention, dynamic=False)
         _FLEX[case.name] = block_mask
-    return _FLEX["compiled"](q, k, v, block_mask=_FLEX[case.name])
+    return compiled_flex_attention()(q, k, v, block_mask=_FLEX[case.name])
 
 
 def _dense_mask(case: MaskCase, device) -> torch.Tensor:

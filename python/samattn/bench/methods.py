@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import samattn
 from samattn.bench.configs import AttentionConfig
+from samattn.bench.flex import compiled_flex_attention
 
 Inputs = tuple  # (q, k, v) with (B, H, S, D) layout
 
@@ -104,7 +105,7 @@ def _flex() -> Method:
         return None
 
     def forward(cfg, inputs):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
 
         q, k, v = inputs
         key = (cfg.batch, cfg.seqlen, cfg.causal, cfg.kv_stride)
@@ -119,11 +120,9 @@ def _flex() -> Method:
             if causal or stride > 1:
                 block_mask = create_block_mask(mask_mod, None, None, cfg.seqlen, cfg.seqlen,
                                                device=q.device)
-            if "compiled" not in _FLEX_CACHE:
-                _FLEX_CACHE["compiled"] = torch.compile(flex_attention, dynamic=False)
             _FLEX_CACHE[key] = block_mask
-        return _FLEX_CACHE["compiled"](q, k, v, block_mask=_FLEX_CACHE[key],
-                                       enable_gqa=cfg.kv_heads != cfg.heads)
+        return compiled_flex_attention()(q, k, v, block_mask=_FLEX_CACHE[key],
+                                         enable_gqa=cfg.kv_heads != cfg.heads)
 
     return Method("flex", unsupported, forward)
 
