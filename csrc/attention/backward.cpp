@@ -51,8 +51,6 @@ size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
 // why not. kAuto: the tensor-core backward where it supports the call.
 bool use_tensor_core(const AttentionBackwardParams& bp) {
   if (bp.forward.backend == Backend::kSimt || simt_forced_by_environment()) return false;
-  // Mask options and varlen run on the SIMT backward, whatever backend was asked for.
-  if (bp.forward.mask.any()) return false;
   const Status status = tensor_core::backward_supports(bp);
   if (bp.forward.backend == Backend::kTensorCore) SAMATTN_CHECK(status.ok(), status.message());
   return status.ok();
@@ -99,9 +97,10 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
-  if (p.mask.is_varlen()) {
-    // One dense sequence at a time (attention/varlen.h) on the SIMT kernels; the workspace is
-    // reused in stream order.
+  const bool tensor_core = use_tensor_core(params);
+  if (p.mask.is_varlen() && !tensor_core) {
+    // The SIMT kernels take one dense sequence at a time (attention/varlen.h), after one host
+    // read of cu_seqlens; the workspace is reused in stream order.
     for (const detail::VarlenSequence& s : detail::read_varlen_sequences(p, stream)) {
       if (s.seqlen_q == 0 && s.seqlen_k == 0) continue;
       detail::BackwardKernelParams kernel_params =
@@ -112,8 +111,9 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
     }
     return;
   }
+  // Varlen on the tensor cores: one launch per kernel, cu_seqlens read on the device.
   detail::BackwardKernelParams kernel_params = make_backward_kernel_params(params);
-  if (!use_tensor_core(params)) {
+  if (!tensor_core) {
     simt::dispatch_backward(p.dtype, kernel_params, stream);
     return;
   }

@@ -16,11 +16,16 @@
 namespace samattn::torch_ops {
 namespace {
 
-// Runs attention with the CUDA kernels or, for CPU tensors, the fp64 reference.
-void run_forward(const AttentionParams& params, const at::Tensor& query) {
+// Runs attention with the CUDA kernels or, for CPU tensors, the fp64 reference. The CUDA
+// workspace (the strided pattern's residue part) comes from torch's caching allocator.
+void run_forward(AttentionParams& params, const at::Tensor& query) {
   try {
     if (query.is_cuda()) {
       const c10::cuda::CUDAGuard guard(query.device());
+      const size_t bytes = attention_forward_workspace_bytes(params);
+      const at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)},
+                                             query.options().dtype(at::kByte));
+      params.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
       attention_forward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
     } else {
       reference_attention_forward(params);
