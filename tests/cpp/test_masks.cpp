@@ -310,6 +310,7 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   p.v = v.get();
   p.out = out.get();
   p.lse = lse.get();
+  p.backend = Backend::kSimt;  // this suite checks the SIMT kernels (tensor cores: test_masks_tensor_core)
   if (c.element_mask) p.mask.data = d_mask.get();
   attention_forward(p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
