@@ -168,7 +168,8 @@ __device__ __forceinline__ detail::BlockClass classify_key_block(
     if (map == detail::BlockClass::kSkip) return map;
   }
   const bool partial = map == detail::BlockClass::kPartial ||
-      structure == detail::BlockClass::kPartial || p.mask != nullptr || n_begin + block_n > key_end;
+                       structure == detail::BlockClass::kPartial || p.mask != nullptr ||
+                       n_begin + block_n > key_end;
   return partial ? detail::BlockClass::kPartial : detail::BlockClass::kFull;
 }
 

@@ -115,8 +115,8 @@ SAMATTN_HOST_DEVICE Span visible_query_span(const MaskPolicy& p, int64_t n, int6
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
   const int64_t j = n * kv_stride;
   int64_t begin = 0, end = seqlen_q;
-  if (causal && j > begin) begin = j;                                            // i >= j
-  if (p.window_right >= 0 && j - p.window_right > begin) begin = j - p.window_right;  // j <= i + r
+  if (causal && j > begin) begin = j;                                                  // i >= j
+  if (p.window_right >= 0 && j - p.window_right > begin) begin = j - p.window_right;   // j <= i + r
   if (p.window_left >= 0 && j + p.window_left + 1 < end) end = j + p.window_left + 1;  // j >= i - l
   if (end < begin) end = begin;
   return {begin, end};

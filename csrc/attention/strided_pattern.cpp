@@ -67,8 +67,7 @@ void residue_calls(const AttentionParams& p, const PriorPart& prior, int64_t b0,
   const int bytes = dtype_size(p.dtype);
   const int64_t dim_v = p.head_dim_v;
   const int64_t heads_q = p.heads_q * batches, heads_kv = p.heads_kv * batches;
-  for (const ResidueGroup& g :
-       residue_groups(p.seqlen_q, p.seqlen_k, l, p.mask.window_left)) {
+  for (const ResidueGroup& g : residue_groups(p.seqlen_q, p.seqlen_k, l, p.mask.window_left)) {
     AttentionParams view = p;
     view.batch = g.count;  // the residue is the batch index
     view.heads_q = heads_q;
@@ -113,7 +112,7 @@ std::vector<ResidueGroup> residue_groups(int64_t seqlen_q, int64_t seqlen_k, int
     const int64_t rows = r + l <= seqlen_q - 1 ? (seqlen_q - 1 - r - l) / l + 1 : 0;
     const int64_t all_keys = r <= seqlen_k - 1 ? (seqlen_k - 1 - r) / l + 1 : 0;
     const int64_t keys = std::min(all_keys, rows);  // view row a sees keys c <= a
-    if (rows == 0) break;  // rows only shrink with r
+    if (rows == 0) break;                           // rows only shrink with r
     if (!groups.empty() && groups.back().rows == rows && groups.back().keys == keys) {
       ++groups.back().count;
     } else {
@@ -152,8 +151,7 @@ void strided_forward(const AttentionParams& p, cudaStream_t stream) {
   band.mask.pattern = SparsePattern::kNone;
   band.mask.pattern_block = 0;
   band.causal = true;
-  band.mask.window_left =
-      p.mask.window_left >= 0 ? std::min(p.mask.window_left, l - 1) : l - 1;
+  band.mask.window_left = p.mask.window_left >= 0 ? std::min(p.mask.window_left, l - 1) : l - 1;
   band.mask.window_right = -1;  // causal already bounds the right side
   ForwardKernelParams kernel = make_forward_kernel_params(band);
   kernel.prior_out = prior.out;  // null without a residue part

@@ -23,8 +23,8 @@ void run_forward(AttentionParams& params, const at::Tensor& query) {
     if (query.is_cuda()) {
       const c10::cuda::CUDAGuard guard(query.device());
       const size_t bytes = attention_forward_workspace_bytes(params);
-      const at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)},
-                                             query.options().dtype(at::kByte));
+      const at::Tensor workspace =
+          at::empty({static_cast<int64_t>(bytes)}, query.options().dtype(at::kByte));
       params.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
       attention_forward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
     } else {

@@ -5,8 +5,8 @@
 // two roundings the kernels make: P rounded to the dtype before dV = P^T dO, dS = P * (dP - D)
 // (from the unrounded P) rounded to the dtype before dQ = scale dS K and dK = scale dS^T Q;
 // outputs rounded to the dtype. It also returns, per gradient element, the magnitude of the terms
-// the element sums: sum_i |P_ij| |dO_ic| for dV, |scale| sum P (|dP| + |D|) |Q| for dK, |scale| sum P (|dP| + |D|) |K|
-// for dQ (dK, dV summed over the query heads of the group).
+// the element sums: sum_i |P_ij| |dO_ic| for dV, |scale| sum P (|dP| + |D|) |Q| for dK, |scale| sum
+// P (|dP| + |D|) |K| for dQ (dK, dV summed over the query heads of the group).
 //
 // within_backward_rule(): the bound, two parts, each needed:
 //  1. FlashAttention-3's rule: max |got - ref| <= 2 max |rounded - ref| + u max(terms). The

@@ -4,8 +4,8 @@
 // the fp64 reference for every dtype, forward and backward, outputs poisoned.
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention/mask_policy.h"
@@ -121,8 +121,13 @@ TEST(MaskPolicy, SpansMatchElementVisibility) {
 // (and within the window), each once, and the band covers the rest of the pattern.
 TEST(StridedDecomposition, ResidueViewsAndBandPartitionThePattern) {
   for (int64_t l : {1, 3, 4, 7, 128}) {
-    for (auto [seqlen_q, seqlen_k] : {std::pair<int64_t, int64_t>{1, 1}, {30, 30}, {77, 77},
-                                      {129, 129}, {40, 17}, {17, 40}, {300, 300}}) {
+    for (auto [seqlen_q, seqlen_k] : {std::pair<int64_t, int64_t>{1, 1},
+                                      {30, 30},
+                                      {77, 77},
+                                      {129, 129},
+                                      {40, 17},
+                                      {17, 40},
+                                      {300, 300}}) {
       for (int64_t window : {int64_t{-1}, int64_t{10}, int64_t{2 * l}}) {
         std::vector<int> covered(seqlen_q * seqlen_k, 0);
         for (const detail::ResidueGroup& g :
@@ -310,7 +315,8 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   p.v = v.get();
   p.out = out.get();
   p.lse = lse.get();
-  p.backend = Backend::kSimt;  // this suite checks the SIMT kernels (tensor cores: test_masks_tensor_core)
+  p.backend =
+      Backend::kSimt;  // this suite checks the SIMT kernels (tensor cores: test_masks_tensor_core)
   if (c.element_mask) p.mask.data = d_mask.get();
   attention_forward(p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

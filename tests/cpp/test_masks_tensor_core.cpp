@@ -66,16 +66,60 @@ std::vector<TcMaskCase> cases() {
       {"strided_window", {1, 2, 2, 400, 400, 64, 64}, false, 1, 150, -1, SP::kStrided, 40},
       {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, 1, -1, -1, SP::kFixed, 64, 8},
       {"fixed_d256", {1, 1, 1, 200, 200, 256, 256}, false, 1, -1, -1, SP::kFixed, 50, 3},
-      {"bool_mask", {2, 2, 2, 77, 129, 64, 64}, false, 1, -1, -1, SP::kNone, 0, 0,
+      {"bool_mask",
+       {2, 2, 2, 77, 129, 64, 64},
+       false,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
        ElementMask::kBool},
-      {"bool_mask_causal_window", {1, 4, 2, 100, 100, 96, 96}, true, 1, 30, -1, SP::kNone, 0, 0,
+      {"bool_mask_causal_window",
+       {1, 4, 2, 100, 100, 96, 96},
+       true,
+       1,
+       30,
+       -1,
+       SP::kNone,
+       0,
+       0,
        ElementMask::kBool},
-      {"float_mask_d192", {1, 2, 2, 130, 70, 192, 192}, false, 1, -1, -1, SP::kNone, 0, 0,
+      {"float_mask_d192",
+       {1, 2, 2, 130, 70, 192, 192},
+       false,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
        ElementMask::kFloat},
-      {"block_map", {2, 2, 2, 300, 333, 64, 64}, false, 1, -1, -1, SP::kNone, 0, 0,
-       ElementMask::kNone, 48, 80},
-      {"block_map_bool_causal", {1, 2, 1, 257, 257, 128, 128}, true, 1, -1, -1, SP::kNone, 0, 0,
-       ElementMask::kBool, 64, 64},
+      {"block_map",
+       {2, 2, 2, 300, 333, 64, 64},
+       false,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kNone,
+       48,
+       80},
+      {"block_map_bool_causal",
+       {1, 2, 1, 257, 257, 128, 128},
+       true,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kBool,
+       64,
+       64},
   };
   TcMaskCase no_workspace = c[5];
   no_workspace.name = "strided_l100_d128_elementwise";
@@ -170,10 +214,9 @@ HostTensor rounded_forward(const Problem& pb) {
           if (!seen[j]) continue;
           double dot = 0;
           for (int64_t d = 0; d < p.head_dim; ++d) {
-            dot += pb.q.get(b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq +
-                            d) *
-                   pb.k.get(b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq +
-                            d);
+            dot +=
+                pb.q.get(b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
+                pb.k.get(b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
           }
           score[j] = dot * scale + bias[j];
           row_max = std::max(row_max, score[j]);
@@ -210,9 +253,8 @@ HostTensor rounded_forward(const Problem& pb) {
   }
   const double bound = 2 * rounded_err + unit_roundoff_16(dtype) * scale;
   if (err <= bound) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "max error " << err << " exceeds 2 * " << rounded_err << " + u * " << scale << " = "
-         << bound;
+  return ::testing::AssertionFailure() << "max error " << err << " exceeds 2 * " << rounded_err
+                                       << " + u * " << scale << " = " << bound;
 }
 
 // Device copies of a problem and its masks, the forward's outputs poisoned.
@@ -314,7 +356,7 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
   DeviceRun::copy(d_lse, ref_lse.data(), ref_lse.size() * sizeof(float));
   for (auto* buffer : {&d_dq, &d_dk, &d_dv}) {
     HostTensor poison(dtype, 0);
-    poison.bytes.assign(buffer == &d_dq ? dq.bytes.size()
+    poison.bytes.assign(buffer == &d_dq   ? dq.bytes.size()
                         : buffer == &d_dk ? dk.bytes.size()
                                           : dv.bytes.size(),
                         0xff);
@@ -341,11 +383,11 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
   d_dv.download(gv.data());
   const double scale = default_softmax_scale(c.shape.head_dim);
   const double dp = max_abs(dout) * max_abs(pb.v);
-  EXPECT_TRUE(within_backward_rule(gq, dq, model.dq, model.dq_terms, dtype,
-                                   scale * dp * max_abs(pb.k)))
+  EXPECT_TRUE(
+      within_backward_rule(gq, dq, model.dq, model.dq_terms, dtype, scale * dp * max_abs(pb.k)))
       << "dq " << c.name;
-  EXPECT_TRUE(within_backward_rule(gk, dk, model.dk, model.dk_terms, dtype,
-                                   scale * dp * max_abs(pb.q)))
+  EXPECT_TRUE(
+      within_backward_rule(gk, dk, model.dk, model.dk_terms, dtype, scale * dp * max_abs(pb.q)))
       << "dk " << c.name;
   EXPECT_TRUE(within_backward_rule(gv, dv, model.dv, model.dv_terms, dtype, max_abs(dout)))
       << "dv " << c.name;

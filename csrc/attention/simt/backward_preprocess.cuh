@@ -1,5 +1,6 @@
 // Internal: the backward's first step, D_i = dout_i . out_i for every query row, into the
-// workspace, in the lse's row layout. One warp per row, lanes striding over the columns, a fixed-order warp reduction.
+// workspace, in the lse's row layout. One warp per row, lanes striding over the columns, a
+// fixed-order warp reduction.
 #pragma once
 
 #include <cstdint>

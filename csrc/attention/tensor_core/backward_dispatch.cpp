@@ -40,8 +40,8 @@ Status backward_supports(const AttentionBackwardParams& bp) {
   const Status forward = supports(p);
   if (!forward.ok()) return forward;
   const detail::DeviceInfo& device = detail::current_device_info();
-  const bool mask_tile = p.mask.pattern != SparsePattern::kNone || p.mask.has_block_map() ||
-                         p.mask.has_element_mask();
+  const bool mask_tile =
+      p.mask.pattern != SparsePattern::kNone || p.mask.has_block_map() || p.mask.has_element_mask();
   const int smem = p.mask.any() ? backward_masked_smem_bytes(p.head_dim, mask_tile)
                                 : backward_smem_bytes(p.head_dim);
   if (smem > device.max_smem_optin) {

@@ -335,8 +335,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
       needs_mask = work == KeyBlockWork::kRowRange;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        first_visible[half] = static_cast<int>(
-            clamp64(query_lo[half] - m_begin, 0, kBlockM));
+        first_visible[half] = static_cast<int>(clamp64(query_lo[half] - m_begin, 0, kBlockM));
         last_visible[half] = static_cast<int>(clamp64(query_hi[half] - m_begin, 0, kBlockM));
       }
     } else {
@@ -345,8 +344,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t first = lane_key[half] >= f.kept_keys ? kBlockM
-                              : f.causal ? lane_key[half] * f.kv_stride - m_begin
-                                         : 0;
+                              : f.causal                    ? lane_key[half] * f.kv_stride - m_begin
+                                                            : 0;
         first_visible[half] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
       }
     }
@@ -377,8 +376,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
         for (int e = 0; e < 4; ++e) {
           float x = pt[0][t][e] * scale_log2 - lse2[e & 1];
           if constexpr (kMasked) {
-            if (needs_mask && (col + (e & 1) < first_visible[e / 2] ||
-                               col + (e & 1) >= last_visible[e / 2])) {
+            if (needs_mask &&
+                (col + (e & 1) < first_visible[e / 2] || col + (e & 1) >= last_visible[e / 2])) {
               x = -INFINITY;
             }
             if (work == KeyBlockWork::kMaskTile) {

@@ -32,8 +32,8 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
   const detail::ForwardKernelParams& f = params.fwd;
   const bool atomic_dq = params.dq_accum != nullptr;
   const bool masked = detail::needs_masked_kernel(f);
-  const int smem = masked ? backward_masked_smem_bytes(kHeadDim, detail::needs_mask_tile(f))
-                          : Cfg::kSmemBytes;
+  const int smem =
+      masked ? backward_masked_smem_bytes(kHeadDim, detail::needs_mask_tile(f)) : Cfg::kSmemBytes;
   const int with_tile = masked ? backward_masked_smem_bytes(kHeadDim, true) : Cfg::kSmemBytes;
   // Rows of the dQ accumulator: the lse's layout (varlen: heads_q x total_q).
   const int64_t stat_rows =
@@ -48,11 +48,11 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
     SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
                   Cfg::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
                   std::numeric_limits<int>::max(), " blocks");
-    const auto kernel =
-        masked ? (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, true>
-                            : backward_dkdv_kernel<Element, kHeadDim, false, true>)
-               : (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, false>
-                            : backward_dkdv_kernel<Element, kHeadDim, false, false>);
+    const auto kernel = masked
+                            ? (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, true>
+                                         : backward_dkdv_kernel<Element, kHeadDim, false, true>)
+                            : (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, false>
+                                         : backward_dkdv_kernel<Element, kHeadDim, false, false>);
     // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
     allow_backward_smem(reinterpret_cast<const void*>(kernel), smem, with_tile);
     kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, smem, stream>>>(params);

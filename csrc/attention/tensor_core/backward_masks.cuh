@@ -48,9 +48,9 @@ __device__ __forceinline__ void fill_pair_mask(float* tile, const detail::Forwar
     const int query = e / kBlockN;
     const int key = e % kBlockN;
     tile[query * kQueryStride + key * kKeyStride] =
-        query < rows ? simt::masked_score<float>(f, b, h, m_begin + query, n_begin + key,
-                                                 kept_keys, 0.f)
-                     : -INFINITY;
+        query < rows
+            ? simt::masked_score<float>(f, b, h, m_begin + query, n_begin + key, kept_keys, 0.f)
+            : -INFINITY;
   }
 }
 

@@ -30,9 +30,10 @@ Status supports_call(const AttentionParams& p) {
   if (p.mask.any()) {
     // Masks, varlen and sparse patterns run on the masked kernel (forward_masked_kernel.cuh).
     if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-      return unsupported(detail::concat("attn_mask, block-sparse maps, window, sparse patterns "
-                                        "and varlen in dtype ",
-                                        dtype_name(p.dtype), " (supported: float16, bfloat16)"));
+      return unsupported(
+          detail::concat("attn_mask, block-sparse maps, window, sparse patterns "
+                         "and varlen in dtype ",
+                         dtype_name(p.dtype), " (supported: float16, bfloat16)"));
     }
     if (p.seqlen_q >= kMaxMaskedLength || p.seqlen_k >= kMaxMaskedLength) {
       return unsupported(detail::concat("masks with seqlen_q ", p.seqlen_q, " and seqlen_k ",
@@ -84,10 +85,10 @@ Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
   const std::string misaligned[] = {
       detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
                            bytes),
-      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * kv_rows, p.batch,
-                           p.heads_kv, keys * p.kv_stride / kv_rows, bytes),
-      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * kv_rows, p.batch,
-                           p.heads_kv, keys * p.kv_stride / kv_rows, bytes),
+      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * kv_rows, p.batch, p.heads_kv,
+                           keys * p.kv_stride / kv_rows, bytes),
+      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * kv_rows, p.batch, p.heads_kv,
+                           keys * p.kv_stride / kv_rows, bytes),
       detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
                            p.seqlen_q, bytes)};
   for (const std::string& why : misaligned) {

@@ -34,8 +34,10 @@ void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stre
       kernel<<<blocks, Cfg::kThreads, smem, stream>>>(params);
       SAMATTN_CHECK_LAUNCH();
     } else {
-      SAMATTN_CHECK(false, "backend tensor_core runs masks, varlen and sparse patterns in float16 "
-                           "and bfloat16 only, got dtype ", dtype_name(kDType));
+      SAMATTN_CHECK(false,
+                    "backend tensor_core runs masks, varlen and sparse patterns in float16 "
+                    "and bfloat16 only, got dtype ",
+                    dtype_name(kDType));
     }
     return;
   }

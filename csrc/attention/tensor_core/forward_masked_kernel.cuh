@@ -139,16 +139,16 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
 
   const int64_t k_phys_row = p.k_row_stride / p.kv_stride;  // one physical row of k
   const int64_t v_phys_row = p.v_row_stride / p.kv_stride;
-  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
-                     h * p.q_head_stride + (seq.q_row0 + m_begin) * p.q_row_stride;
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                     (seq.q_row0 + m_begin) * p.q_row_stride;
   const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
                      h_kv * p.k_head_stride + seq.k_row0 * k_phys_row;
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      h_kv * p.v_head_stride + seq.k_row0 * v_phys_row;
 
   const auto work_of = [&](int n_block) {
-    return key_block_work(p, mask_tile_on, b, h, m_begin, rows, n_block * kBlockN, kBlockN,
-                          key_end, common_begin, common_end);
+    return key_block_work(p, mask_tile_on, b, h, m_begin, rows, n_block * kBlockN, kBlockN, key_end,
+                          common_begin, common_end);
   };
   // The next key block at or below n_block that is not skipped (first_block - 1 when none).
   const auto next_block = [&](int n_block, KeyBlockWork& work) {
@@ -214,8 +214,8 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
     const int next = next_block(n_block - 1, next_work);
     // The previous block's readers of the mask tile passed the barrier before its P V.
     if (work == KeyBlockWork::kMaskTile) {
-      fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, b, h, m_begin, rows,
-                                                         n_begin, key_end);
+      fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, b, h, m_begin, rows, n_begin,
+                                                         key_end);
     }
     cp_async_wait<0>();  // K of this block (and Q) has landed ...
     __syncthreads();     // ... for every thread, the mask tile is written, V is free
@@ -329,8 +329,8 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
         const float* prior_out = p.prior_out + (prior_row0 + row) * p.head_dim_v + col0;
 #pragma unroll
         for (int t = 0; t < kDTiles; ++t) {
-          const float2 po =
-              has_prior ? *reinterpret_cast<const float2*>(prior_out + t * 8) : make_float2(0.f, 0.f);
+          const float2 po = has_prior ? *reinterpret_cast<const float2*>(prior_out + t * 8)
+                                      : make_float2(0.f, 0.f);
           o[m][t][2 * half] = o[m][t][2 * half] * own_weight + po.x * prior_weight;
           o[m][t][2 * half + 1] = o[m][t][2 * half + 1] * own_weight + po.y * prior_weight;
         }
