@@ -6,6 +6,7 @@
 
 #include "attention/backward_kernel_params.h"
 #include "attention/simt/backward_launch.h"
+#include "attention/strided_pattern.h"
 #include "attention/tensor_core/backward_launch.h"
 #include "attention/validate.h"
 #include "attention/varlen.h"
@@ -89,7 +90,9 @@ detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackward
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
   const AttentionParams& p = params.forward;
   if (p.batch <= 0 || p.heads_q <= 0 || p.seqlen_q <= 0) return 0;
-  return delta_bytes(p) + dq_accumulator_bytes(params);
+  const size_t strided =
+      p.backend == Backend::kSimt ? 0 : detail::strided_backward_workspace_bytes(params);
+  return delta_bytes(p) + dq_accumulator_bytes(params) + strided;
 }
 
 void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream) {
@@ -132,6 +135,14 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
       default:
         SAMATTN_CHECK(false, "the tensor-core backward got dtype ", dtype_name(p.dtype));
     }
+  }
+  // The strided pattern: its residue classes and band as separate parts (strided_pattern.h).
+  if (kernel_params.dq_accum != nullptr && detail::strided_backward_applies(params)) {
+    detail::strided_backward(params, kernel_params,
+                             static_cast<unsigned char*>(params.workspace) + delta_bytes(p) +
+                                 dq_accumulator_bytes(params),
+                             stream);
+    return;
   }
   tensor_core::dispatch_backward(p.dtype, kernel_params, stream);
 }

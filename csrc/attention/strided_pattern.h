@@ -24,6 +24,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attention/backward_kernel_params.h"
 #include "samattn/attention.h"
 
 namespace samattn::detail {
@@ -52,5 +53,17 @@ size_t strided_forward_workspace_bytes(const AttentionParams& params);
 // Runs the decomposition on the tensor-core kernels (params validated, tensor_core::supports()
 // true, params.workspace of strided_forward_workspace_bytes bytes).
 void strided_forward(const AttentionParams& params, cudaStream_t stream);
+
+// The backward's decomposition: the tensor-core backward (float16/bfloat16, head dims 32-128),
+// atomic dQ (not deterministic), a residue part. The parts add dK and dV into fp32 accumulators
+// of strided_backward_workspace_bytes bytes (the caller's workspace), dQ into dq_accum; the band
+// runs last and converts all three.
+bool strided_backward_applies(const AttentionBackwardParams& params);
+size_t strided_backward_workspace_bytes(const AttentionBackwardParams& params);
+
+// `full`: the whole problem's kernel parameters with D computed and dq_accum set;
+// `accumulators`: strided_backward_workspace_bytes(params) bytes, 256-byte aligned.
+void strided_backward(const AttentionBackwardParams& params, const BackwardKernelParams& full,
+                      void* accumulators, cudaStream_t stream);
 
 }  // namespace samattn::detail

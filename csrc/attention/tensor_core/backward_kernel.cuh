@@ -431,8 +431,30 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
 
   cp_async_wait<0>();  // with no step the K/V copies must land before the tiles are reused
   __syncthreads();     // every warp is done reading K and V
-  // dK (times the softmax scale) and dV of the warp's keys, staged in its own rows of K and V.
   const int warp_keys = max(0, min(16, keys - 16 * warp));
+  if constexpr (kMasked) {
+    if (p.dk_accum != nullptr) {
+      // A part of the strided pattern: add this call's share into the fp32 accumulators (the
+      // block owns these rows in this launch, and the parts run one after another).
+      const int64_t acc0 = b * p.acc_batch_stride + h_kv * p.acc_head_stride;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = 16 * warp + 8 * half + lane / 4;
+        if (key >= keys) continue;
+        const int64_t row = acc0 + (n_begin + key) * p.acc_row_stride + col0;
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+          float2* dk_acc = reinterpret_cast<float2*>(p.dk_accum + row + t * 8);
+          float2* dv_acc = reinterpret_cast<float2*>(p.dv_accum + row + t * 8);
+          const float2 dk_old = *dk_acc, dv_old = *dv_acc;
+          *dk_acc = make_float2(dk_old.x + dk[0][t][2 * half], dk_old.y + dk[0][t][2 * half + 1]);
+          *dv_acc = make_float2(dv_old.x + dv[0][t][2 * half], dv_old.y + dv[0][t][2 * half + 1]);
+        }
+      }
+      return;
+    }
+  }
+  // dK (times the softmax scale) and dV of the warp's keys, staged in its own rows of K and V.
   const int64_t dk_row = p.dk_row_stride * f.kv_stride;  // logical key n is physical row n * s
   const int64_t dv_row = p.dv_row_stride * f.kv_stride;
   Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride +
@@ -712,6 +734,32 @@ __global__ void __launch_bounds__(kConvertThreads)
     const int64_t offset = bh / f.heads_q * p.dq_batch_stride + bh % f.heads_q * p.dq_head_stride +
                            query * p.dq_row_stride + col;
     dq[offset] = Element(accum[i] * scale);
+  }
+}
+
+// dk = scale * dk_accum and dv = dv_accum (the strided pattern's parts), rounded to the element
+// type; the accumulators are contiguous (batch, heads_kv, seqlen_k, head_dim), dk and dv have
+// arbitrary strides (kv_stride is 1 there).
+template <typename Element>
+__global__ void __launch_bounds__(kConvertThreads)
+    backward_dkdv_convert_kernel(const __grid_constant__ detail::BackwardKernelParams p) {
+  const int64_t dim = p.fwd.head_dim;
+  const int64_t total = p.fwd.batch * p.heads_kv * p.seqlen_k * dim;
+  const float scale = static_cast<float>(p.scale);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kConvertThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x; i < total;
+       i += step) {
+    const int64_t col = i % dim;
+    const int64_t row = i / dim;  // (b * heads_kv + h) * seqlen_k + key
+    const int64_t key = row % p.seqlen_k;
+    const int64_t bh = row / p.seqlen_k;
+    const int64_t b = bh / p.heads_kv, h = bh % p.heads_kv;
+    static_cast<Element*>(
+        p.dk)[b * p.dk_batch_stride + h * p.dk_head_stride + key * p.dk_row_stride + col] =
+        Element(p.dk_accum[i] * scale);
+    static_cast<Element*>(
+        p.dv)[b * p.dv_batch_stride + h * p.dv_head_stride + key * p.dv_row_stride + col] =
+        Element(p.dv_accum[i]);
   }
 }
 

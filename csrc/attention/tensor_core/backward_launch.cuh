@@ -39,7 +39,7 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
   const int64_t stat_rows =
       f.cu_seqlens_q != nullptr ? f.heads_q * f.total_q : f.batch * f.heads_q * f.seqlen_q;
   const int64_t dq_elements = stat_rows * kHeadDim;
-  if (atomic_dq && dq_elements > 0) {
+  if (atomic_dq && dq_elements > 0 && !params.skip_zero) {
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, dq_elements * sizeof(float), stream));
   }
   if (f.kept_keys > 0) {
@@ -58,14 +58,24 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
     kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, smem, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
-  if (f.seqlen_q == 0) return;
+  // Grid-stride conversion kernels: enough blocks to fill the device several times over.
+  const int64_t convert_cap = int64_t{32} * detail::current_device_info().multiprocessors;
+  const auto convert_blocks = [&](int64_t elements) {
+    const int64_t wanted = (elements + kConvertThreads - 1) / kConvertThreads;
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, convert_cap)));
+  };
+  if (params.dk_accum != nullptr && !params.skip_convert) {
+    const int64_t elements = f.batch * params.heads_kv * params.seqlen_k * kHeadDim;
+    if (elements > 0) {
+      backward_dkdv_convert_kernel<Element>
+          <<<convert_blocks(elements), kConvertThreads, 0, stream>>>(params);
+      SAMATTN_CHECK_LAUNCH();
+    }
+  }
+  if (f.seqlen_q == 0 || params.skip_convert) return;
   if (atomic_dq) {
-    const int64_t wanted = (dq_elements + kConvertThreads - 1) / kConvertThreads;
-    // A grid-stride loop: enough blocks to fill the device several times over.
-    const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
     backward_dq_convert_kernel<Element>
-        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap))), kConvertThreads, 0,
-           stream>>>(params);
+        <<<convert_blocks(dq_elements), kConvertThreads, 0, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   } else {
     const auto kernel = masked ? backward_dq_kernel<Element, kHeadDim, true>
