@@ -47,6 +47,7 @@ struct TcMaskCase {
   ElementMask element = ElementMask::kNone;
   int64_t map_q = 0, map_k = 0;  // block map sizes (0: none)
   bool workspace = true;         // give attention_forward its workspace (strided decomposition)
+  bool deterministic = false;    // the backward's atomic-free dQ kernel
 };
 
 std::vector<TcMaskCase> cases() {
@@ -124,7 +125,17 @@ std::vector<TcMaskCase> cases() {
   TcMaskCase no_workspace = c[5];
   no_workspace.name = "strided_l100_d128_elementwise";
   no_workspace.workspace = false;
+  no_workspace.deterministic = true;  // the backward masks element by element too
   c.push_back(no_workspace);
+  for (const char* name : {"window_sq_gt_sk", "block_map_bool_causal", "fixed"}) {
+    for (const TcMaskCase& base : std::vector<TcMaskCase>(c)) {
+      if (base.name != name) continue;
+      TcMaskCase det = base;
+      det.name += "_deterministic";
+      det.deterministic = true;
+      c.push_back(det);
+    }
+  }
   return c;
 }
 
@@ -367,6 +378,7 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
   // The tensor-core backward has head dims 32-128; wider heads take SIMT, whose error is within
   // the same rule.
   db.forward.backend = c.shape.head_dim <= 128 ? Backend::kTensorCore : Backend::kAuto;
+  db.deterministic = c.deterministic;
   db.forward.out = d_out.get();
   db.forward.lse = d_lse.get();
   db.dout = d_dout.get();

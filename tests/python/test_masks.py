@@ -598,6 +598,31 @@ def test_gpu_strided_decomposition_matches_the_mask_paths(dtype, shape):
 
 
 @requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gpu_strided_gradients_both_backward_paths(deterministic):
+    """The backward of the strided pattern: residue views and band as separate parts (atomic
+    dQ) or element-wise masking (the deterministic dQ kernel); both within the tensor-core
+    rule, and bit-identical reruns when deterministic."""
+    q, k, v = make_qkv(1, 4, 2, 500, 500, 64, dtype=torch.bfloat16, device="cuda", seed=65)
+    options = dict(sparse_pattern="strided", sparse_block=64)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dout = torch.randn(1, 4, 500, 64, generator=torch.Generator().manual_seed(66)).to(
+        "cuda", torch.bfloat16)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        out = samattn.attention(q, k, v, **options)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        again = torch.autograd.grad(samattn.attention(q, k, v, **options), (q, k, v), dout)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    check_gradients(grads, q, k, v, out, dout, options)
+    if deterministic:
+        for a, b in zip(grads, again):
+            assert torch.equal(a, b)
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("shape", [(2, 4, 2, 77, 129, 64), (1, 2, 2, 200, 200, 128),
                                    (1, 2, 1, 130, 70, 40)])
