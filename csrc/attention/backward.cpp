@@ -6,6 +6,7 @@
 
 #include "attention/backward_kernel_params.h"
 #include "attention/simt/backward_launch.h"
+#include "attention/strided_pattern.h"
 #include "attention/tensor_core/backward_launch.h"
 #include "attention/validate.h"
 #include "attention/varlen.h"
@@ -51,8 +52,6 @@ size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
 // why not. kAuto: the tensor-core backward where it supports the call.
 bool use_tensor_core(const AttentionBackwardParams& bp) {
   if (bp.forward.backend == Backend::kSimt || simt_forced_by_environment()) return false;
-  // Mask options and varlen run on the SIMT backward, whatever backend was asked for.
-  if (bp.forward.mask.any()) return false;
   const Status status = tensor_core::backward_supports(bp);
   if (bp.forward.backend == Backend::kTensorCore) SAMATTN_CHECK(status.ok(), status.message());
   return status.ok();
@@ -91,7 +90,9 @@ detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackward
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
   const AttentionParams& p = params.forward;
   if (p.batch <= 0 || p.heads_q <= 0 || p.seqlen_q <= 0) return 0;
-  return delta_bytes(p) + dq_accumulator_bytes(params);
+  const size_t strided =
+      p.backend == Backend::kSimt ? 0 : detail::strided_backward_workspace_bytes(params);
+  return delta_bytes(p) + dq_accumulator_bytes(params) + strided;
 }
 
 void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream) {
@@ -99,9 +100,10 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
-  if (p.mask.is_varlen()) {
-    // One dense sequence at a time (attention/varlen.h) on the SIMT kernels; the workspace is
-    // reused in stream order.
+  const bool tensor_core = use_tensor_core(params);
+  if (p.mask.is_varlen() && !tensor_core) {
+    // The SIMT kernels take one dense sequence at a time (attention/varlen.h), after one host
+    // read of cu_seqlens; the workspace is reused in stream order.
     for (const detail::VarlenSequence& s : detail::read_varlen_sequences(p, stream)) {
       if (s.seqlen_q == 0 && s.seqlen_k == 0) continue;
       detail::BackwardKernelParams kernel_params =
@@ -112,8 +114,9 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
     }
     return;
   }
+  // Varlen on the tensor cores: one launch per kernel, cu_seqlens read on the device.
   detail::BackwardKernelParams kernel_params = make_backward_kernel_params(params);
-  if (!use_tensor_core(params)) {
+  if (!tensor_core) {
     simt::dispatch_backward(p.dtype, kernel_params, stream);
     return;
   }
@@ -132,6 +135,14 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
       default:
         SAMATTN_CHECK(false, "the tensor-core backward got dtype ", dtype_name(p.dtype));
     }
+  }
+  // The strided pattern: its residue classes and band as separate parts (strided_pattern.h).
+  if (kernel_params.dq_accum != nullptr && detail::strided_backward_applies(params)) {
+    detail::strided_backward(params, kernel_params,
+                             static_cast<unsigned char*>(params.workspace) + delta_bytes(p) +
+                                 dq_accumulator_bytes(params),
+                             stream);
+    return;
   }
   tensor_core::dispatch_backward(p.dtype, kernel_params, stream);
 }

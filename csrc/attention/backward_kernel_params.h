@@ -32,6 +32,18 @@ struct BackwardKernelParams {
   int64_t heads_kv;
   int64_t seqlen_k;  // physical key rows
   double scale;      // the softmax scale itself (dq and dk are scaled by it)
+
+  // The strided pattern's parts (attention/strided_pattern.h) run as several calls of the
+  // tensor-core masked dK/dV kernel that add into one fp32 dK and dV accumulator each (contiguous
+  // (batch, heads_kv, seqlen_k, head_dim) for the whole problem; the strides below, in floats,
+  // address logical key rows of this call's view), unscaled; null otherwise. The caller zeroes
+  // the accumulators (and dq_accum) when skip_zero is set; skip_convert leaves dq, dk, dv to a
+  // later call's conversion.
+  float* dk_accum;
+  float* dv_accum;
+  int64_t acc_batch_stride, acc_head_stride, acc_row_stride;
+  bool skip_zero;
+  bool skip_convert;
 };
 
 }  // namespace samattn::detail

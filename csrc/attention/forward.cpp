@@ -5,6 +5,7 @@
 #include "attention/hopper/forward_launch.h"
 #include "attention/kernel_params.h"
 #include "attention/simt/forward_launch.h"
+#include "attention/strided_pattern.h"
 #include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
 #include "attention/varlen.h"
@@ -24,15 +25,14 @@ bool simt_forced_by_environment() {
 
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
-  // Mask options (attn_mask, window, patterns, block-sparse) are implemented by the SIMT kernels
-  // alone so far: they go there whatever backend was asked for.
-  if (params.mask.any()) return Backend::kSimt;
-  if (params.backend == Backend::kHopper) {
-    const Status hopper = hopper::supports(params);
-    SAMATTN_CHECK(hopper.ok(), hopper.message());
+  const bool hopper_ok = params.backend != Backend::kTensorCore && hopper::supports(params).ok();
+  if (params.backend == Backend::kHopper && !params.mask.any()) {
+    SAMATTN_CHECK(hopper_ok, hopper::supports(params).message());
     return Backend::kHopper;
   }
-  if (params.backend == Backend::kAuto && hopper::supports(params).ok()) return Backend::kHopper;
+  if (params.backend != Backend::kTensorCore && hopper_ok) return Backend::kHopper;
+  // Masks, varlen and sparse patterns (which the Hopper forward declines so far, even when asked
+  // for) run on the tensor-core masked kernel for float16/bfloat16, else on SIMT.
   const Status tensor_core = tensor_core::supports(params);
   if (params.backend == Backend::kTensorCore) {
     SAMATTN_CHECK(tensor_core.ok(), tensor_core.message());
@@ -41,16 +41,31 @@ Backend select_backend(const AttentionParams& params) {
   return tensor_core.ok() ? Backend::kTensorCore : Backend::kSimt;
 }
 
+size_t attention_forward_workspace_bytes(const AttentionParams& params) {
+  return params.backend == Backend::kSimt ? 0 : detail::strided_forward_workspace_bytes(params);
+}
+
 namespace {
 
-void launch_forward(const AttentionParams& params, const detail::ForwardKernelParams& kernel_params,
-                    cudaStream_t stream) {
-  const Backend backend = select_backend(params);
+void launch(Backend backend, DType dtype, const detail::ForwardKernelParams& kernel_params,
+            cudaStream_t stream) {
   if (backend == Backend::kHopper) {
-    hopper::dispatch_forward(params.dtype, kernel_params, stream);
+    hopper::dispatch_forward(dtype, kernel_params, stream);
   } else if (backend == Backend::kTensorCore) {
-    tensor_core::dispatch_forward(params.dtype, kernel_params, stream);
+    tensor_core::dispatch_forward(dtype, kernel_params, stream);
   } else {
+    simt::dispatch_forward(dtype, kernel_params, stream);
+  }
+}
+
+// The SIMT kernels take varlen one dense sequence at a time, after one host read of cu_seqlens.
+void simt_varlen_forward(const AttentionParams& params, cudaStream_t stream) {
+  for (const detail::VarlenSequence& s : detail::read_varlen_sequences(params, stream)) {
+    if (s.seqlen_q == 0) continue;
+    const AttentionParams sub = detail::sequence_params(params, s);
+    detail::ForwardKernelParams kernel_params = detail::make_forward_kernel_params(sub);
+    kernel_params.lse_batch_stride = 0;
+    kernel_params.lse_head_stride = params.mask.total_q;  // lse is (Hq, total_q)
     simt::dispatch_forward(params.dtype, kernel_params, stream);
   }
 }
@@ -60,18 +75,18 @@ void launch_forward(const AttentionParams& params, const detail::ForwardKernelPa
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
-  if (!params.mask.is_varlen()) {
-    launch_forward(params, detail::make_forward_kernel_params(params), stream);
+  const Backend backend = select_backend(params);
+  if (params.mask.is_varlen() && backend == Backend::kSimt) {
+    simt_varlen_forward(params, stream);
     return;
   }
-  for (const detail::VarlenSequence& s : detail::read_varlen_sequences(params, stream)) {
-    if (s.seqlen_q == 0) continue;
-    const AttentionParams sub = detail::sequence_params(params, s);
-    detail::ForwardKernelParams kernel_params = detail::make_forward_kernel_params(sub);
-    kernel_params.lse_batch_stride = 0;
-    kernel_params.lse_head_stride = params.mask.total_q;  // lse is (Hq, total_q)
-    launch_forward(sub, kernel_params, stream);
+  // The strided pattern's decomposition, when its workspace (if it needs one) was given.
+  if (backend == Backend::kTensorCore && detail::strided_decomposition_applies(params) &&
+      (params.workspace != nullptr || detail::strided_forward_workspace_bytes(params) == 0)) {
+    detail::strided_forward(params, stream);
+    return;
   }
+  launch(backend, params.dtype, detail::make_forward_kernel_params(params), stream);
 }
 
 }  // namespace samattn

@@ -55,6 +55,17 @@ ForwardKernelParams make_forward_kernel_params(const AttentionParams& p) {
   k.block_row_stride = p.mask.block_row_stride;
   k.block_col_stride = p.mask.block_col_stride;
   k.masked = k.has_policy || k.mask != nullptr || k.block_map != nullptr;
+  k.lse_row_stride = 1;
+  if (p.mask.is_varlen()) {
+    // One launch over (sequence, head, query block); only the tensor-core masked kernel reads
+    // these (forward.cpp runs SIMT varlen one sequence at a time).
+    k.cu_seqlens_q = p.mask.cu_seqlens_q;
+    k.cu_seqlens_k = p.mask.cu_seqlens_k;
+    k.total_q = p.mask.total_q;
+    k.total_k = p.mask.total_k;
+    k.lse_batch_stride = 0;
+    k.lse_head_stride = p.mask.total_q;  // lse is (Hq, total_q)
+  }
   return k;
 }
 

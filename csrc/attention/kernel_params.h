@@ -49,10 +49,45 @@ struct ForwardKernelParams {
   int64_t block_batch_stride, block_head_stride, block_row_stride, block_col_stride;
   // Window, pattern, element mask or block map: the kMasked kernels run (mask_policy.cuh).
   bool masked;
+
+  // Read by the tensor-core masked kernel only (tensor_core/forward_masked_kernel.cuh); the other
+  // kernels are never given values other than these defaults (null, 1, false).
+  // Varlen in one launch: sequence b owns q/out rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and
+  // k/v rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of the packed tensors (batch strides 0),
+  // read on the device and clamped to [0, total_q] / [0, total_k] and to the maximum lengths, so
+  // invalid contents cannot make a kernel touch memory outside the tensors. seqlen_q and
+  // kept_keys are then the maximum lengths; lse is (Hq, total_q).
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int64_t total_q, total_k;
+  // lse element of row i is at ... + i * lse_row_stride (strided views of an lse array).
+  int64_t lse_row_stride;
+  // `out` is an fp32 array instead of the element type (the strided decomposition's workspace).
+  bool out_is_float;
+  // A second softmax part merged into every row before normalisation (the strided pattern's
+  // residue classes, attention/strided_pattern.h): its natural-log lse and normalised output,
+  // contiguous fp32 (batch, heads_q, seqlen_q) and (batch, heads_q, seqlen_q, head_dim_v), valid
+  // for rows >= prior_rows_begin (earlier rows have no prior part). Null when absent.
+  const float* prior_out;
+  const float* prior_lse;
+  int64_t prior_rows_begin;
 };
 
-// Derives the kernel parameters from validated, non-varlen AttentionParams (strides with kv_stride folded
-// in, kept key count, log2-scaled softmax scale).
+// True when a call needs the tensor-core masked kernel: any mask option, varlen, a prior part,
+// an fp32 output or a strided lse.
+inline bool needs_masked_kernel(const ForwardKernelParams& p) {
+  return p.masked || p.cu_seqlens_q != nullptr || p.prior_lse != nullptr || p.out_is_float ||
+         p.lse_row_stride != 1;
+}
+
+// True when partial key blocks need the per-element mask tile (a pattern, a block map or an
+// element mask); causal, the window, kv_stride and sequence ends alone are per-row key ranges.
+SAMATTN_HOST_DEVICE bool needs_mask_tile(const ForwardKernelParams& p) {
+  return p.policy.pattern != SparsePattern::kNone || p.block_map != nullptr || p.mask != nullptr;
+}
+
+// Derives the kernel parameters from validated AttentionParams (strides with kv_stride folded
+// in, kept key count, log2-scaled softmax scale; varlen's cu_seqlens and lse layout).
 ForwardKernelParams make_forward_kernel_params(const AttentionParams& params);
 
 // Blocks of a grid with one block per (batch, head, block_m query rows), checked against the

@@ -44,18 +44,24 @@ __device__ __forceinline__ bool block_listed(const detail::ForwardKernelParams& 
                      (position / p.block_k) * p.block_col_stride] != 0;
 }
 
-// True when the block map lists some block overlapping queries [q0, q1) x positions [k0, k1).
-__device__ __forceinline__ bool any_block_listed(const detail::ForwardKernelParams& p, int64_t b,
-                                                 int64_t h, int64_t q0, int64_t q1, int64_t k0,
-                                                 int64_t k1) {
+// The block map's verdict on queries [q0, q1) x positions [k0, k1) (both non-empty): kSkip when
+// no map block they overlap is listed, kFull when every one is, kPartial otherwise. Uniform over
+// a thread block (every thread reads the same entries).
+__device__ __forceinline__ detail::BlockClass block_map_class(const detail::ForwardKernelParams& p,
+                                                              int64_t b, int64_t h, int64_t q0,
+                                                              int64_t q1, int64_t k0, int64_t k1) {
+  bool any = false, all = true;
 #pragma unroll 1
   for (int64_t qb = q0 / p.block_q; qb <= (q1 - 1) / p.block_q; ++qb) {
 #pragma unroll 1
     for (int64_t kb = k0 / p.block_k; kb <= (k1 - 1) / p.block_k; ++kb) {
-      if (block_listed(p, b, h, qb * p.block_q, kb * p.block_k)) return true;
+      const bool listed = block_listed(p, b, h, qb * p.block_q, kb * p.block_k);
+      any = any || listed;
+      all = all && listed;
     }
   }
-  return false;
+  if (!any) return detail::BlockClass::kSkip;
+  return all ? detail::BlockClass::kFull : detail::BlockClass::kPartial;
 }
 
 // Applies everything but the element mask to one score: -inf when logical key `key` is past
@@ -81,23 +87,24 @@ __device__ __forceinline__ Acc masked_score(const detail::ForwardKernelParams& p
   return score;
 }
 
-// The logical keys [begin, end) that query rows [m_begin, m_begin + rows) can see at all.
+// The logical keys [begin, end) that query rows [m_begin, m_begin + rows) (rows >= 1) can see
+// at all, by causal and the window, among `kept_keys` (detail::visible_key_span of the first and
+// the last row: both ends grow with the row).
 struct LogicalKeyRange {
   int64_t begin, end;
 };
 
+__device__ __forceinline__ LogicalKeyRange visible_logical_keys(
+    const detail::ForwardKernelParams& p, int64_t m_begin, int rows, int64_t kept_keys) {
+  const detail::Span first = detail::visible_key_span(p.policy, m_begin, kept_keys, p.kv_stride);
+  const detail::Span last =
+      detail::visible_key_span(p.policy, m_begin + rows - 1, kept_keys, p.kv_stride);
+  return {first.begin, last.end > first.begin ? last.end : first.begin};
+}
+
 __device__ __forceinline__ LogicalKeyRange
 visible_logical_keys(const detail::ForwardKernelParams& p, int64_t m_begin, int rows) {
-  const int64_t positions = p.kept_keys * p.kv_stride;  // >= every kept key's position
-  const detail::KeyRange range =
-      detail::visible_key_range(p.policy, m_begin, m_begin + rows, positions);
-  // Positions [begin, end) hold the logical keys ceil(begin / s) .. ceil(end / s) - 1.
-  const int64_t s = p.kv_stride;
-  int64_t begin = (range.begin + s - 1) / s;
-  int64_t end = (range.end + s - 1) / s;
-  if (end > p.kept_keys) end = p.kept_keys;
-  if (begin > end) begin = end;
-  return {begin, end};
+  return visible_logical_keys(p, m_begin, rows, p.kept_keys);
 }
 
 // True when partial blocks take their mask from a shared-memory tile (fill_mask_tile): any
@@ -106,7 +113,6 @@ visible_logical_keys(const detail::ForwardKernelParams& p, int64_t m_begin, int 
 __device__ __forceinline__ bool uses_mask_tile(const detail::ForwardKernelParams& p) {
   return p.masked;
 }
-
 
 // The inline check of the plain path: past key_end, or after the query under causal.
 __device__ __forceinline__ bool causal_hidden(const detail::ForwardKernelParams& p, int64_t query,
@@ -144,8 +150,9 @@ __device__ __forceinline__ void fill_mask_tile(Acc* tile, const detail::ForwardK
 }
 
 // Skip / partial / full for logical keys [n_begin, n_begin + block_n) and query rows
-// [m_begin, m_begin + rows): partial whenever an element mask is present, a key is past key_end,
-// or the policy hides some pair.
+// [m_begin, m_begin + rows): skip when the policy or the block map hides every pair; partial
+// whenever an element mask is present, a key is past key_end, or the policy or the block map
+// hides some pair.
 __device__ __forceinline__ detail::BlockClass classify_key_block(
     const detail::ForwardKernelParams& p, int64_t b, int64_t h, int64_t m_begin, int rows,
     int64_t n_begin, int block_n, int64_t key_end) {
@@ -154,8 +161,15 @@ __device__ __forceinline__ detail::BlockClass classify_key_block(
   const detail::BlockClass structure = detail::classify_block(
       p.policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
   if (structure == detail::BlockClass::kSkip) return structure;
-  const bool partial =
-      structure == detail::BlockClass::kPartial || p.mask != nullptr || n_begin + block_n > key_end;
+  detail::BlockClass map = detail::BlockClass::kFull;
+  if (p.block_map != nullptr) {
+    map = block_map_class(p, b, h, m_begin, m_begin + rows, n_begin * p.kv_stride,
+                          n_last * p.kv_stride + 1);
+    if (map == detail::BlockClass::kSkip) return map;
+  }
+  const bool partial = map == detail::BlockClass::kPartial ||
+                       structure == detail::BlockClass::kPartial || p.mask != nullptr ||
+                       n_begin + block_n > key_end;
   return partial ? detail::BlockClass::kPartial : detail::BlockClass::kFull;
 }
 

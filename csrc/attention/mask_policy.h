@@ -82,6 +82,46 @@ SAMATTN_HOST_DEVICE KeyRange visible_key_range(const MaskPolicy& p, int64_t q_be
   return {begin, end};
 }
 
+// The logical keys [begin, end) that query i sees by causal and the window, logical key n being
+// position n * kv_stride, clipped to [0, kept_keys); empty (begin == end) when it sees none.
+// Patterns and masks only thin keys out inside it. Both ends are non-decreasing in i, so a block
+// of rows sees keys in [span(first row).begin, span(last row).end) and every row of it sees
+// [span(last row).begin, span(first row).end).
+struct Span {
+  int64_t begin, end;
+};
+
+SAMATTN_HOST_DEVICE Span visible_key_span(const MaskPolicy& p, int64_t i, int64_t kept_keys,
+                                          int64_t kv_stride) {
+  const bool causal = p.causal || p.pattern != SparsePattern::kNone;
+  int64_t begin = 0, end = kept_keys;
+  // n * s <= i (causal) and n * s <= i + right: n <= floor(x / s).
+  if (causal && floor_div(i, kv_stride) + 1 < end) end = floor_div(i, kv_stride) + 1;
+  if (p.window_right >= 0 && floor_div(i + p.window_right, kv_stride) + 1 < end) {
+    end = floor_div(i + p.window_right, kv_stride) + 1;
+  }
+  // n * s >= i - left: n >= ceil((i - left) / s).
+  if (p.window_left >= 0 && -floor_div(p.window_left - i, kv_stride) > begin) {
+    begin = -floor_div(p.window_left - i, kv_stride);
+  }
+  if (end < begin) end = begin;
+  return {begin, end};
+}
+
+// The queries [begin, end) that see logical key n (position n * kv_stride) by causal and the
+// window, clipped to [0, seqlen_q); the transpose of visible_key_span, for the backward.
+SAMATTN_HOST_DEVICE Span visible_query_span(const MaskPolicy& p, int64_t n, int64_t seqlen_q,
+                                            int64_t kv_stride) {
+  const bool causal = p.causal || p.pattern != SparsePattern::kNone;
+  const int64_t j = n * kv_stride;
+  int64_t begin = 0, end = seqlen_q;
+  if (causal && j > begin) begin = j;                                                  // i >= j
+  if (p.window_right >= 0 && j - p.window_right > begin) begin = j - p.window_right;   // j <= i + r
+  if (p.window_left >= 0 && j + p.window_left + 1 < end) end = j + p.window_left + 1;  // j >= i - l
+  if (end < begin) end = begin;
+  return {begin, end};
+}
+
 // Classifies the rectangle of queries [q0, q1) x keys [k0, k1) (both non-empty, keys in
 // range). Exact for causal and the window; for the patterns it is exact when it says kSkip or
 // kFull and may answer kPartial for a block whose pairs happen to be all visible.

@@ -49,8 +49,11 @@ void check_cu_seqlens(const at::Tensor& cu, const at::Tensor& query, int64_t tot
   SAMATTN_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 1, name,
                       " must be 1-D with batch + 1 entries, got shape ", shape_list(cu.sizes()));
   SAMATTN_CHECK_VALUE(cu.is_contiguous(), name, " must be contiguous");
-  // One small host copy (a synchronisation on CUDA) buys named errors instead of out-of-bounds
-  // reads in the kernels.
+  // CUDA cu_seqlens are not read back: that would synchronise every call (and break CUDA-graph
+  // capture). As in FlashAttention-2 their contents are the caller's contract; the kernels clamp
+  // them, so wrong ones give wrong values but never reads or writes outside the tensors. The
+  // CUDA-core path reads them once on the host and checks them there (attention/varlen.cpp).
+  if (cu.is_cuda()) return;
   const at::Tensor host = cu.to(at::kCPU);
   const int32_t* values = host.data_ptr<int32_t>();
   const int64_t batch = cu.size(0) - 1;

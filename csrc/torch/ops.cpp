@@ -16,11 +16,16 @@
 namespace samattn::torch_ops {
 namespace {
 
-// Runs attention with the CUDA kernels or, for CPU tensors, the fp64 reference.
-void run_forward(const AttentionParams& params, const at::Tensor& query) {
+// Runs attention with the CUDA kernels or, for CPU tensors, the fp64 reference. The CUDA
+// workspace (the strided pattern's residue part) comes from torch's caching allocator.
+void run_forward(AttentionParams& params, const at::Tensor& query) {
   try {
     if (query.is_cuda()) {
       const c10::cuda::CUDAGuard guard(query.device());
+      const size_t bytes = attention_forward_workspace_bytes(params);
+      const at::Tensor workspace =
+          at::empty({static_cast<int64_t>(bytes)}, query.options().dtype(at::kByte));
+      params.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
       attention_forward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
     } else {
       reference_attention_forward(params);
@@ -197,10 +202,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
 // The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper").
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
-                                c10::string_view backend) {
+                                c10::string_view backend,
+                                const std::optional<at::Tensor>& attn_mask, int64_t window_left,
+                                int64_t window_right, c10::string_view sparse_pattern,
+                                int64_t sparse_block, int64_t sparse_summary,
+                                const std::optional<at::Tensor>& block_map, int64_t block_q,
+                                int64_t block_k) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  bind_mask(params, query,
+            {attn_mask, window_left, window_right,
+             std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
+             sparse_summary, &block_map, block_q, block_k});
   TORCH_CHECK_VALUE(query.is_cuda(),
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
                     "always run the fp64 reference");
@@ -246,7 +260,9 @@ TORCH_LIBRARY(samattn, m) {
       "int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
-      "int kv_stride=1, str backend='auto') -> str");
+      "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
+      "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
+      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128) -> str");
 }
 
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {

@@ -42,9 +42,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     return_lse: also return the natural-log log-sum-exp of each row, (B, Hq, Sq), float32
     (float64 for float64 inputs); a row that sees no key has lse -inf and output 0.
     backend: "auto" (fastest available), "simt", "tensor_core" (sm80+ mma.sync) or
-    "hopper" (sm_90a wgmma + TMA; fp16/bf16 on compute capability 9.0). Calls with attn_mask, window
-    or a sparse pattern run on kernels that support them (today the SIMT kernels) whatever
-    backend says.
+    "hopper" (sm_90a wgmma + TMA; fp16/bf16 on compute capability 9.0). Calls with attn_mask,
+    window, a sparse pattern or block_sparse run on the tensor-core masked kernel for float16 and
+    bfloat16 (also under "hopper", which does not take masks yet) and on SIMT otherwise;
+    "tensor_core" raises, naming the reason, when the tensor cores cannot run the call.
 
     Masks (all combine with causal and kv_stride; a key is visible when every option allows it):
     attn_mask: boolean (True = attend, SDPA's meaning) or additive float (bool, float32 or q's
@@ -110,7 +111,11 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     top-left aligned, like samattn.attention). Returns out (total_q, Hq, Dv) and, with
     return_lse, lse (Hq, total_q). Differentiable with respect to q, k and v.
 
-    The cu_seqlens are checked on the host (one small copy, a synchronisation on CUDA).
+    One launch per kernel on the tensor cores (float16/bfloat16): the kernels read cu_seqlens on
+    the device, and CUDA cu_seqlens are not read back (no synchronisation; as in FlashAttention-2
+    their contents are the caller's contract: the kernels clamp them, so invalid ones cannot
+    make them touch memory outside the tensors, but give undefined values). CPU cu_seqlens are
+    checked. The CUDA-core kernels (other dtypes) run one launch per sequence after one host read.
     """
     needs_lse = return_lse or (torch.is_grad_enabled() and (
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
@@ -123,10 +128,18 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
 
 
 def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                     kv_stride: int = 1, backend: str = "auto") -> str:
-    """Which kernel family samattn.attention would run for these CUDA tensors on this GPU:
-    "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is honoured."""
-    return ops.selected_backend(q, k, v, causal, kv_stride, backend)
+                     kv_stride: int = 1, backend: str = "auto",
+                     attn_mask: Optional[Tensor] = None,
+                     window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
+                     sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None) -> str:
+    """Which kernel family samattn.attention would run for these CUDA tensors and options on this
+    GPU: "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is
+    honoured."""
+    left, right = _window_pair(window)
+    extra = () if block_sparse is None else (block_sparse.to_map(k.shape[2]),
+                                             block_sparse.block_q, block_sparse.block_k)
+    return ops.selected_backend(q, k, v, causal, kv_stride, backend, attn_mask, left, right,
+                                sparse_pattern, sparse_block, sparse_summary, *extra)
 
 
 def _as_4d(t: Tensor, name: str) -> Tensor:

@@ -5,8 +5,8 @@
 // two roundings the kernels make: P rounded to the dtype before dV = P^T dO, dS = P * (dP - D)
 // (from the unrounded P) rounded to the dtype before dQ = scale dS K and dK = scale dS^T Q;
 // outputs rounded to the dtype. It also returns, per gradient element, the magnitude of the terms
-// the element sums: sum_i |P_ij| |dO_ic| for dV, |scale| sum P (|dP| + |D|) |Q| for dK, |scale| sum P (|dP| + |D|) |K|
-// for dQ (dK, dV summed over the query heads of the group).
+// the element sums: sum_i |P_ij| |dO_ic| for dV, |scale| sum P (|dP| + |D|) |Q| for dK, |scale| sum
+// P (|dP| + |D|) |K| for dQ (dK, dV summed over the query heads of the group).
 //
 // within_backward_rule(): the bound, two parts, each needed:
 //  1. FlashAttention-3's rule: max |got - ref| <= 2 max |rounded - ref| + u max(terms). The
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/reference_mask.h"
 #include "test_support.h"
 
 namespace samattn::testing {
@@ -65,6 +66,8 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
     return b * s.batch + h * s.head + row * s.seq;
   };
   const auto load = [&](const void* base, int64_t i) { return detail::load_as_double(base, i, t); };
+  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  std::vector<double> bias(sk);
   std::vector<double> prob(sk), ds(sk), dk(sk * d), dk_terms(sk * d), dv(sk * dvd),
       dv_terms(sk * dvd), dq(d), dq_terms(d);
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -75,8 +78,10 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
       std::fill(dv_terms.begin(), dv_terms.end(), 0.0);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         for (int64_t i = 0; i < p.seqlen_q; ++i) {
+          // Which keys the row sees and the additive mask term of each (reference_mask.h, the
+          // reference's rules: kv_stride, causal, window, pattern, block map, element mask).
           const auto visible = [&](int64_t j) {
-            return j % p.kv_stride == 0 && (!p.causal || j <= i);
+            return detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
           };
           const int64_t qi = at(p.q_strides, b, h, i), oi = at(p.out_strides, b, h, i);
           const int64_t doi = at(bp.dout_strides, b, h, i);
@@ -87,7 +92,7 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
             for (int64_t c = 0; c < d; ++c) {
               dot += load(p.q, qi + c) * load(p.k, at(p.k_strides, b, hk, j) + c);
             }
-            prob[j] = dot * scale;
+            prob[j] = dot * scale + bias[j];
             row_max = std::max(row_max, prob[j]);
           }
           std::fill(dq.begin(), dq.end(), 0.0);

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention/mask_policy.h"
+#include "attention/strided_pattern.h"
 #include "test_support.h"
 
 namespace samattn::testing {
@@ -77,6 +79,80 @@ TEST(MaskPolicy, KeyRangeContainsEveryVisibleKey) {
         for (int64_t j = 0; j < 30; ++j) {
           if (detail::structurally_visible(p, i, j)) {
             EXPECT_TRUE(j >= range.begin && j < range.end) << "query " << i << " key " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The per-row key span and per-key query span are exactly the structurally visible pairs of
+// causal and the window (patterns only thin them out), for every kv_stride.
+TEST(MaskPolicy, SpansMatchElementVisibility) {
+  for (const MaskPolicy& p : policies()) {
+    for (int64_t stride : {1, 2, 3}) {
+      MaskPolicy band = p;
+      band.pattern = SparsePattern::kNone;
+      band.causal = p.causal || p.pattern != SparsePattern::kNone;
+      const int64_t seqlen_q = 23, seqlen_k = 29, kept = (seqlen_k + stride - 1) / stride;
+      for (int64_t i = 0; i < seqlen_q; ++i) {
+        const detail::Span keys = detail::visible_key_span(p, i, kept, stride);
+        for (int64_t n = 0; n < kept; ++n) {
+          const bool visible = detail::structurally_visible(band, i, n * stride);
+          EXPECT_EQ(visible, n >= keys.begin && n < keys.end)
+              << "query " << i << " key " << n << " stride " << stride << " causal " << p.causal
+              << " window (" << p.window_left << ", " << p.window_right << ")";
+        }
+        EXPECT_LE(keys.begin, keys.end);
+      }
+      for (int64_t n = 0; n < kept; ++n) {
+        const detail::Span queries = detail::visible_query_span(p, n, seqlen_q, stride);
+        for (int64_t i = 0; i < seqlen_q; ++i) {
+          EXPECT_EQ(detail::structurally_visible(band, i, n * stride),
+                    i >= queries.begin && i < queries.end)
+              << "key " << n << " query " << i << " stride " << stride;
+        }
+      }
+    }
+  }
+}
+
+// The strided pattern's residue views cover exactly the pairs with i - j a positive multiple of l
+// (and within the window), each once, and the band covers the rest of the pattern.
+TEST(StridedDecomposition, ResidueViewsAndBandPartitionThePattern) {
+  for (int64_t l : {1, 3, 4, 7, 128}) {
+    for (auto [seqlen_q, seqlen_k] : {std::pair<int64_t, int64_t>{1, 1},
+                                      {30, 30},
+                                      {77, 77},
+                                      {129, 129},
+                                      {40, 17},
+                                      {17, 40},
+                                      {300, 300}}) {
+      for (int64_t window : {int64_t{-1}, int64_t{10}, int64_t{2 * l}}) {
+        std::vector<int> covered(seqlen_q * seqlen_k, 0);
+        for (const detail::ResidueGroup& g :
+             detail::residue_groups(seqlen_q, seqlen_k, l, window)) {
+          const int64_t view_window = window < 0 ? -1 : window / l - 1;
+          for (int64_t r = g.first_residue; r < g.first_residue + g.count; ++r) {
+            for (int64_t a = 0; a < g.rows; ++a) {
+              for (int64_t c = 0; c <= a && c < g.keys; ++c) {
+                if (view_window >= 0 && a - c > view_window) continue;
+                const int64_t i = r + l * (a + 1), j = r + l * c;
+                ASSERT_LT(i, seqlen_q);
+                ASSERT_LT(j, seqlen_k);
+                ++covered[i * seqlen_k + j];
+              }
+            }
+          }
+        }
+        const MaskPolicy pattern{true, window, -1, SparsePattern::kStrided, l, 0};
+        for (int64_t i = 0; i < seqlen_q; ++i) {
+          for (int64_t j = 0; j < seqlen_k; ++j) {
+            const bool band = j <= i && i - j <= l - 1 && (window < 0 || i - j <= window);
+            const bool want = detail::structurally_visible(pattern, i, j);
+            EXPECT_EQ(covered[i * seqlen_k + j] + (band ? 1 : 0), want ? 1 : 0)
+                << "l " << l << " Sq " << seqlen_q << " Sk " << seqlen_k << " window " << window
+                << " pair (" << i << ", " << j << ")";
           }
         }
       }
@@ -239,6 +315,8 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   p.v = v.get();
   p.out = out.get();
   p.lse = lse.get();
+  p.backend =
+      Backend::kSimt;  // this suite checks the SIMT kernels (tensor cores: test_masks_tensor_core)
   if (c.element_mask) p.mask.data = d_mask.get();
   attention_forward(p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

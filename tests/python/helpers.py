@@ -90,10 +90,21 @@ def score_error_floor(q, k, v, scale, dtype) -> float:
     return 4 * u * logits * v.detach().double().abs().max().item() / _TOLERANCE[dtype][1]
 
 
-def lowp_reference(q, k, v, *, causal=False, scale=None, kv_stride=1):
+def _apply_masks(scores, visible, bias, kv_stride):
+    """Adds an additive mask and hides invisible pairs; both are given over all key positions
+    (..., Sq, Sk) and thinned to the kept keys like the scores."""
+    if bias is not None:
+        scores = scores + bias.to(scores.device).double()[..., ::kv_stride]
+    if visible is not None:
+        scores = scores.masked_fill(~visible.to(scores.device)[..., ::kv_stride], float("-inf"))
+    return scores
+
+
+def lowp_reference(q, k, v, *, causal=False, scale=None, kv_stride=1, visible=None, bias=None):
     """A same-dtype reference for tensor-core kernels: float64 arithmetic, but P = exp(s - max)
     rounded to the input dtype before P @ V (as the kernels feed P to the tensor cores), the row
-    sum taken from the unrounded P, and the output rounded to the dtype."""
+    sum taken from the unrounded P, and the output rounded to the dtype. `visible` (bool) and
+    `bias` (additive), broadcastable to (B, Hq, Sq, Sk), apply masks."""
     dtype = q.dtype
     if k.shape[2] == 0:  # no keys: every row is zeros
         return torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
@@ -106,6 +117,7 @@ def lowp_reference(q, k, v, *, causal=False, scale=None, kv_stride=1):
         positions = torch.arange(k64.shape[2], device=q.device) * kv_stride
         hidden = positions[None, :] > torch.arange(q.shape[2], device=q.device)[:, None]
         scores = scores.masked_fill(hidden, float("-inf"))
+    scores = _apply_masks(scores, visible, bias, kv_stride)
     row_max = scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
     probs = torch.exp(scores - row_max)
     out = (probs.to(dtype).double() @ v64) / probs.sum(dim=-1, keepdim=True)
@@ -131,7 +143,8 @@ def assert_close_tensor_core(out, ref, lowp_ref, dtype):
                            f"{baseline:.3e} + u*scale ({bound:.3e})")
 
 
-def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_stride=1):
+def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_stride=1,
+                            visible=None, bias=None):
     """A same-dtype reference of the tensor-core backward: float64 arithmetic on the inputs (and
     the forward's `out`, as D = rowsum(dout * out) on both sides), with the kernel's roundings:
     P rounded to the dtype before dV = P^T dO, dS = P (dP - D) (from the unrounded P) rounded to it
@@ -152,6 +165,8 @@ def lowp_backward_reference(dout, q, k, v, out, *, causal=False, scale=None, kv_
         positions = torch.arange(k_kept.shape[2]) * kv_stride
         hidden = positions[None, :] > torch.arange(seqlen_q)[:, None]
         scores = scores.masked_fill(hidden, float("-inf"))
+    scores = _apply_masks(scores, None if visible is None else visible.cpu(),
+                          None if bias is None else bias.cpu(), kv_stride)
     probs = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)  # rows without keys: P = 0
     d = (do64 * out64).sum(-1, keepdim=True)
     dp = do64 @ v_kept.transpose(-1, -2)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import samattn
-from helpers import (ALL_DTYPES, assert_close, assert_close_tensor_core, lowp_reference, make_qkv,
+from helpers import (ALL_DTYPES, assert_close, assert_close_backward_tensor_core,
+                     assert_close_tensor_core, lowp_backward_reference, lowp_reference, make_qkv,
                      requires_cuda)
 
 NEG_INF = float("-inf")
@@ -352,15 +353,17 @@ def per_sequence(q, k, v, cu_q, cu_k, **options):
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
-def per_sequence_lowp(q, k, v, cu_q, cu_k, causal=False):
-    """helpers.lowp_reference (P rounded to the dtype) per sequence, stitched like per_sequence."""
+def per_sequence_lowp(q, k, v, cu_q, cu_k, **options):
+    """helpers.lowp_reference (P rounded to the dtype) per sequence with the options' mask,
+    stitched like per_sequence."""
     outs = []
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(cq) - 1):
         qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0).detach().cpu()
                       for t, lo, hi in ((q, cq[b], cq[b + 1]), (k, ck[b], ck[b + 1]),
                                         (v, ck[b], ck[b + 1])))
-        outs.append(lowp_reference(qs, ks, vs, causal=causal)[0].transpose(0, 1))
+        visible = structure_of(options, qs.shape[2], ks.shape[2])
+        outs.append(lowp_reference(qs, ks, vs, visible=visible)[0].transpose(0, 1))
     return torch.cat(outs, 0)
 
 
@@ -432,6 +435,8 @@ def test_varlen_validation():
 # ---- GPU: the kernels against the fp64 reference ---------------------------------------------
 
 GPU_DTYPES = ALL_DTYPES
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+TC_BACKWARD_DIMS = (32, 64, 96, 128)
 
 
 def gpu_pattern_inputs(name, dtype, seed=31):
@@ -440,16 +445,183 @@ def gpu_pattern_inputs(name, dtype, seed=31):
     return (q, k, v), options, visible
 
 
+def structure_of(options, seqlen_q, seqlen_k):
+    """The options' (Sq, Sk) visibility, vectorised (samattn.block_sparse.pattern_visibility
+    follows the same definitions as dense_visibility) plus kv_stride."""
+    rows = torch.arange(seqlen_q)[:, None]
+    cols = torch.arange(seqlen_k)[None, :]
+    visible = samattn.block_sparse.pattern_visibility(
+        rows, cols, causal=options.get("causal", False), window=options.get("window"),
+        sparse_pattern=options.get("sparse_pattern", "none"),
+        sparse_block=options.get("sparse_block", 0),
+        sparse_summary=options.get("sparse_summary", 0))
+    return visible & (cols % options.get("kv_stride", 1) == 0)
+
+
+def dense_masks(q, k, options, attn_mask=None, block_sparse=None):
+    """(visible, bias) broadcastable to (B, Hq, Sq, Sk): the structure, a boolean attn_mask and
+    the block map hide pairs; a float attn_mask is added."""
+    visible = structure_of(options, q.shape[2], k.shape[2])
+    bias = None
+    if attn_mask is not None:
+        mask = attn_mask.cpu()
+        if mask.dtype == torch.bool:
+            visible = visible & mask
+        else:
+            bias = mask.double()
+    if block_sparse is not None:
+        visible = visible & block_visibility(block_sparse, q.shape[2], k.shape[2])
+    return visible, bias
+
+
+def uses_tensor_cores(q, k, v, options, attn_mask=None, block_sparse=None, backend="auto"):
+    return samattn.selected_backend(q, k, v, backend=backend, attn_mask=attn_mask,
+                                    block_sparse=block_sparse, **options) == "tensor_core"
+
+
+def check_forward(out, lse, q, k, v, options, *, attn_mask=None, block_sparse=None,
+                  backend="auto"):
+    """out and lse against the fp64 reference, with the rule of the kernel that ran: the
+    tensor-core kernels round P, so their bound is FlashAttention-3's against a same-dtype
+    reference given the same masks."""
+    bs_cpu = None if block_sparse is None else samattn.block_sparse.from_map(
+        block_sparse.to_map(k.shape[2]).cpu(), block_sparse.block_q, block_sparse.block_k)
+    want, want_lse = reference(q, k, v, attn_mask=attn_mask, block_sparse=bs_cpu, **options)
+    if uses_tensor_cores(q, k, v, options, attn_mask, block_sparse, backend):
+        visible, bias = dense_masks(q, k, options, attn_mask, bs_cpu)
+        lowp = lowp_reference(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(),
+                              visible=visible, bias=bias)
+        assert_close_tensor_core(out, want, lowp, q.dtype)
+    else:
+        assert_close(out, want, q.dtype)
+    assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(want_lse))
+    finite = torch.isfinite(want_lse)
+    assert torch.allclose(lse.cpu().double()[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
+
+
+def check_gradients(grads, q, k, v, out, dout, options, *, attn_mask=None, block_sparse=None):
+    """dq, dk, dv against the reference backward fed the kernel's out; the tensor-core backward
+    (float16/bfloat16, head dims 32-128) under its rounding rule."""
+    bs_cpu = None if block_sparse is None else samattn.block_sparse.from_map(
+        block_sparse.to_map(k.shape[2]).cpu(), block_sparse.block_q, block_sparse.block_k)
+    want = reference_gradients(q, k, v, out, dout, attn_mask=attn_mask, block_sparse=block_sparse,
+                               **options)
+    tensor_core = (uses_tensor_cores(q, k, v, options, attn_mask, block_sparse)
+                   and q.shape[-1] in TC_BACKWARD_DIMS and q.shape[-1] == v.shape[-1])
+    if tensor_core:
+        visible, bias = dense_masks(q, k, options, attn_mask, bs_cpu)
+        lowp, terms = lowp_backward_reference(dout, q, k, v, out,
+                                              kv_stride=options.get("kv_stride", 1),
+                                              visible=visible, bias=bias)
+        for got, ref, low, term in zip(grads, want, lowp, terms):
+            assert_close_backward_tensor_core(got, ref, low, term, q.dtype, scale_floor=1.0)
+    else:
+        for got, ref in zip(grads, want):
+            assert_close(got, ref, q.dtype, scale_floor=1.0)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("name", list(PATTERNS))
-@pytest.mark.parametrize("backend", ["auto", "tensor_core"])
-def test_gpu_pattern_forward(name, dtype, backend):
+def test_gpu_pattern_forward(name, dtype):
     (q, k, v), options, _ = gpu_pattern_inputs(name, dtype)
+    out, lse = samattn.attention(q, k, v, return_lse=True, **options)
+    check_forward(out, lse, q, k, v, options)
+
+
+@requires_cuda
+def test_gpu_forcing_tensor_cores_on_unsupported_masked_calls_raises():
+    (q, k, v), options, _ = gpu_pattern_inputs("strided", torch.float64)
+    with pytest.raises(ValueError, match="backend tensor_core does not support"):
+        samattn.attention(q, k, v, backend="tensor_core", **options)
+
+
+# Every option on the tensor cores, at head dims they take, with awkward lengths.
+TC_PATTERNS = {
+    "causal_mask_s1": ((2, 2, 2, 1, 1, 64), dict(window=(0, 0))),
+    "window_77": ((1, 4, 2, 77, 77, 64), dict(window=(20, 3))),
+    "window_causal_1000": ((1, 2, 2, 1000, 1000, 128), dict(window=(100, -1), causal=True)),
+    "window_sq_ne_sk": ((1, 2, 1, 129, 300, 32), dict(window=(50, 60))),
+    "window_kv_stride": ((1, 2, 2, 200, 230, 64), dict(window=(70, 10), kv_stride=3)),
+    "strided_l16_129": ((1, 2, 2, 129, 129, 64), dict(sparse_pattern="strided", sparse_block=16)),
+    "strided_l128_1000": ((1, 2, 2, 1000, 1000, 128),
+                          dict(sparse_pattern="strided", sparse_block=128)),
+    "strided_l100_gqa": ((2, 4, 2, 333, 333, 96), dict(sparse_pattern="strided",
+                                                       sparse_block=100)),
+    "strided_sq_ne_sk": ((1, 2, 2, 300, 170, 64), dict(sparse_pattern="strided",
+                                                       sparse_block=40)),
+    "strided_window": ((1, 2, 2, 400, 400, 64), dict(sparse_pattern="strided", sparse_block=30,
+                                                     window=(100, -1))),
+    "fixed_77": ((1, 2, 2, 77, 77, 64), dict(sparse_pattern="fixed", sparse_block=16,
+                                             sparse_summary=4)),
+    "fixed_1000": ((1, 2, 1, 1000, 1000, 128), dict(sparse_pattern="fixed", sparse_block=128,
+                                                    sparse_summary=16)),
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("name", list(TC_PATTERNS))
+def test_gpu_tensor_core_patterns_forward_and_backward(name, dtype):
+    """Forced onto the tensor cores; "auto" picks the same kernels for these calls."""
+    shape, options = TC_PATTERNS[name]
+    backend = "tensor_core"
+    q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", seed=61)
+    assert uses_tensor_cores(q, k, v, options, backend="auto")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     out, lse = samattn.attention(q, k, v, return_lse=True, backend=backend, **options)
-    want, want_lse = reference(q, k, v, **options)
-    assert_close(out, want, dtype)
-    assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(want_lse))
+    check_forward(out, lse, q, k, v, options, backend=backend)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(62)).to("cuda", dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_gradients(grads, q, k, v, out, dout, options)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1000, 1000, 64), (2, 4, 2, 300, 257, 128),
+                                   (1, 2, 2, 129, 129, 32)])
+def test_gpu_strided_decomposition_matches_the_mask_paths(dtype, shape):
+    """The built-in strided pattern (residue views + band, merged in one softmax) against the
+    same pattern given as attn_mask (the tensor-core mask tile) and on SIMT: all three within
+    their rules of the fp64 reference."""
+    q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", seed=63)
+    options = dict(sparse_pattern="strided", sparse_block=48)
+    built_in, lse = samattn.attention(q, k, v, return_lse=True, **options)
+    check_forward(built_in, lse, q, k, v, options)
+    mask = structure_of(options, shape[3], shape[4]).cuda()
+    via_mask, mask_lse = samattn.attention(q, k, v, attn_mask=mask, return_lse=True)
+    check_forward(via_mask, mask_lse, q, k, v, {}, attn_mask=mask)
+    simt, simt_lse = samattn.attention(q, k, v, return_lse=True, backend="simt", **options)
+    check_forward(simt, simt_lse, q, k, v, options, backend="simt")
+    # The paths round P relative to different running maxima, so each is held to the reference
+    # under its own rule rather than to the others; their lse agree to fp32 arithmetic.
+    assert torch.allclose(lse, mask_lse, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(lse, simt_lse, rtol=1e-5, atol=1e-5)
+
+
+@requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gpu_strided_gradients_both_backward_paths(deterministic):
+    """The backward of the strided pattern: residue views and band as separate parts (atomic
+    dQ) or element-wise masking (the deterministic dQ kernel); both within the tensor-core
+    rule, and bit-identical reruns when deterministic."""
+    q, k, v = make_qkv(1, 4, 2, 500, 500, 64, dtype=torch.bfloat16, device="cuda", seed=65)
+    options = dict(sparse_pattern="strided", sparse_block=64)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dout = torch.randn(1, 4, 500, 64, generator=torch.Generator().manual_seed(66)).to(
+        "cuda", torch.bfloat16)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        out = samattn.attention(q, k, v, **options)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        again = torch.autograd.grad(samattn.attention(q, k, v, **options), (q, k, v), dout)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    check_gradients(grads, q, k, v, out, dout, options)
+    if deterministic:
+        for a, b in zip(grads, again):
+            assert torch.equal(a, b)
 
 
 @requires_cuda
@@ -470,14 +642,10 @@ def test_gpu_attn_mask_forward_and_backward(dtype, shape, kind):
         mask = torch.randn(Sk, generator=gen).cuda().expand(B, H, Sq, Sk)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out, lse = samattn.attention(q, k, v, attn_mask=mask, return_lse=True)
-    want, want_lse = reference(q, k, v, attn_mask=mask)
-    assert_close(out, want, dtype)
-    assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(want_lse))
+    check_forward(out, lse, q, k, v, {}, attn_mask=mask)
     dout = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    want_grads = reference_gradients(q, k, v, out, dout, attn_mask=mask)
-    for got, ref in zip(grads, want_grads):
-        assert_close(got, ref, dtype, scale_floor=1.0)
+    check_gradients(grads, q, k, v, out, dout, {}, attn_mask=mask)
 
 
 @requires_cuda
@@ -490,9 +658,7 @@ def test_gpu_pattern_gradients(name, dtype):
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(34)).to(
         device="cuda", dtype=dtype)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    want = reference_gradients(q, k, v, out, dout, **options)
-    for got, ref in zip(grads, want):
-        assert_close(got, ref, dtype, scale_floor=1.0)
+    check_gradients(grads, q, k, v, out, dout, options)
 
 
 @requires_cuda
@@ -503,8 +669,8 @@ def test_gpu_large_patterns_block_skipping(dtype):
     for options in (dict(window=(100, 0)), dict(window=(64, 64)),
                     dict(sparse_pattern="strided", sparse_block=128),
                     dict(sparse_pattern="fixed", sparse_block=128, sparse_summary=16)):
-        out = samattn.attention(q, k, v, **options)
-        assert_close(out, reference(q, k, v, **options)[0], dtype)
+        out, lse = samattn.attention(q, k, v, return_lse=True, **options)
+        check_forward(out, lse, q, k, v, options)
 
 
 @requires_cuda
@@ -520,6 +686,24 @@ def test_gpu_cross_paths():
     pattern = dict(sparse_pattern="strided", sparse_block=16)
     assert_close(samattn.attention(q, k, v, attn_mask=definition_of(pattern, 150, 150).cuda()),
                  samattn.attention(q, k, v, **pattern).double(), torch.float32)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_gpu_tensor_core_cross_paths(dtype):
+    """A mask equal to causal (mask tile) gives the unmasked causal kernel's output, and the
+    tensor-core masked path agrees with SIMT within the rules."""
+    q, k, v = make_qkv(2, 2, 2, 150, 150, 64, dtype=dtype, device="cuda", seed=64)
+    causal = torch.ones(150, 150, dtype=torch.bool, device="cuda").tril()
+    with_mask = samattn.attention(q, k, v, attn_mask=causal)
+    assert samattn.selected_backend(q, k, v, attn_mask=causal) == "tensor_core"
+    plain = samattn.attention(q, k, v, causal=True, backend="tensor_core")
+    assert_close(with_mask, plain.double(), dtype)
+    # The same window on both kernel families, each within its rule of the reference.
+    window = dict(window=(30, 5))
+    for backend in ("tensor_core", "simt"):
+        out, lse = samattn.attention(q, k, v, return_lse=True, backend=backend, **window)
+        check_forward(out, lse, q, k, v, window, backend=backend)
 
 
 @requires_cuda
@@ -552,8 +736,9 @@ def test_gpu_varlen(name, dtype):
     out, lse = samattn.varlen_attention(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                         return_lse=True, **options)
     want, want_lse = per_sequence(q, k, v, cu_q.cpu(), cu_k.cpu(), **options)
-    if dtype in (torch.float16, torch.bfloat16) and "window" not in options:
-        # Each sequence runs on the tensor-core (or Hopper) forward, which rounds P.
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half:
+        # One launch on the tensor-core masked kernel, which rounds P.
         lowp = per_sequence_lowp(q, k, v, cu_q.cpu(), cu_k.cpu(), **options)
         assert_close_tensor_core(out, want, lowp, dtype)
     else:
@@ -569,8 +754,24 @@ def test_gpu_varlen(name, dtype):
     want_grads = samattn.ops.varlen_attention_backward(
         *cpu, want_lse, cu_q.cpu(), cu_k.cpu(), max(lengths_q), max(lengths_k), None,
         options.get("causal", False), window[0], window[1])
-    for got, ref in zip(grads, want_grads):
-        assert_close(got, ref, dtype, scale_floor=1.0)
+    if not half:
+        for got, ref in zip(grads, want_grads):
+            assert_close(got, ref, dtype, scale_floor=1.0)
+        return
+    # The tensor-core backward's rule, sequence by sequence.
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, ks, vs, os_, ds = (
+            t[lo:hi].transpose(0, 1).unsqueeze(0).detach().cpu()
+            for t, lo, hi in ((q, cq[b], cq[b + 1]), (k, ck[b], ck[b + 1]), (v, ck[b], ck[b + 1]),
+                              (out, cq[b], cq[b + 1]), (dout, cq[b], cq[b + 1])))
+        visible = structure_of(options, cq[b + 1] - cq[b], ck[b + 1] - ck[b])
+        lowp, terms = lowp_backward_reference(ds, qs, ks, vs, os_, visible=visible)
+        rows = ((cq[b], cq[b + 1]), (ck[b], ck[b + 1]), (ck[b], ck[b + 1]))
+        for got, ref, low, term, (lo, hi) in zip(grads, want_grads, lowp, terms, rows):
+            assert_close_backward_tensor_core(got[lo:hi], ref[lo:hi],
+                                              low[0].transpose(0, 1), term[0].transpose(0, 1),
+                                              dtype, scale_floor=1.0)
 
 
 @requires_cuda
@@ -671,15 +872,11 @@ def test_gpu_block_sparse(dtype):
     bs = samattn.block_sparse.from_map(block_map.cuda(), 128, 128)
     mask = (torch.rand(300, 333, generator=gen) > 0.2).cuda()
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = samattn.attention(q, k, v, block_sparse=bs, attn_mask=mask, causal=True)
-    bs_cpu = samattn.block_sparse.from_map(block_map, 128, 128)
-    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
-    want = samattn.attention(q64, k64, v64, block_sparse=bs_cpu, attn_mask=mask.cpu(),
-                             causal=True)
-    assert_close(out, want, dtype)
-    dout = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    want_grads = reference_gradients(q, k, v, out, dout, block_sparse=bs, attn_mask=mask,
-                                      causal=True)
-    for got, ref in zip(grads, want_grads):
-        assert_close(got, ref, dtype, scale_floor=1.0)
+    for attn_mask in (mask, None):  # without a mask the map alone skips and keeps blocks
+        out, lse = samattn.attention(q, k, v, block_sparse=bs, attn_mask=attn_mask, causal=True,
+                                     return_lse=True)
+        check_forward(out, lse, q, k, v, dict(causal=True), attn_mask=attn_mask, block_sparse=bs)
+        dout = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        check_gradients(grads, q, k, v, out, dout, dict(causal=True), attn_mask=attn_mask,
+                        block_sparse=bs)

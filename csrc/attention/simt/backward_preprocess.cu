@@ -13,7 +13,7 @@ namespace samattn::simt {
 template <DType kDType>
 void launch_backward_preprocess(const detail::BackwardKernelParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
-  const int64_t rows = params.fwd.batch * params.fwd.heads_q * params.fwd.seqlen_q;
+  const int64_t rows = preprocess_rows(params.fwd);
   const int64_t blocks = (rows + kPreprocessRowsPerBlock - 1) / kPreprocessRowsPerBlock;
   SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_q * seqlen_q = ", rows,
                 " query rows exceed the preprocess grid limit");

@@ -35,6 +35,10 @@ struct BackwardConfigBase {
   static constexpr int kBlockN = 64;  // keys per block
   static constexpr int kMinBlocksPerSm = 2;
   static constexpr int kDsStride = kBlockN + 8;  // odd multiple of 16 bytes in 16-bit elements
+  // Masked kernels' tile of fp32 mask terms, 64 x 64 with rows 8 banks apart (float2 reads of a
+  // half-warp, 4 rows x 4 column pairs, hit 32 distinct banks).
+  static constexpr int kMaskPitch = kBlockN + 8;
+  static constexpr int kMaskTileBytes = kBlockM * kMaskPitch * int(sizeof(float));
 };
 
 constexpr int backward_smem_bytes(int64_t head_dim) {
@@ -42,6 +46,11 @@ constexpr int backward_smem_bytes(int64_t head_dim) {
   return (2 * BackwardConfigBase::kBlockN + 2 * BackwardConfigBase::kBlockM) * stride * 2 +
          BackwardConfigBase::kBlockM * BackwardConfigBase::kDsStride * 2 +
          2 * BackwardConfigBase::kBlockM * int(sizeof(float));
+}
+
+// The masked kernels add the mask tile for calls with a pattern, block map or element mask.
+constexpr int backward_masked_smem_bytes(int64_t head_dim, bool with_tile) {
+  return backward_smem_bytes(head_dim) + (with_tile ? BackwardConfigBase::kMaskTileBytes : 0);
 }
 
 template <int kHeadDim>
@@ -61,6 +70,8 @@ struct BackwardConfig : BackwardConfigBase {
   static_assert(kBlockM == kBlockN, "tiles are carved as 64-row blocks");
   static_assert(kBlockM == 16 * kWarps, "a warp owns 16 rows");
   static_assert(kSubQueries % 16 == 0 && kBlockM % kSubQueries == 0, "whole 16-query mma steps");
+  static_assert(kMaskPitch % 32 == 8, "mask tile rows 8 banks apart");
+  static_assert(kSmemBytes % 16 == 0, "the mask tile starts 16-byte aligned");
 };
 
 }  // namespace samattn::tensor_core

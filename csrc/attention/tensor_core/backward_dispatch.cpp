@@ -33,11 +33,17 @@ Status backward_supports(const AttentionBackwardParams& bp) {
                                       p.head_dim_v, " (supported: equal, one of ",
                                       detail::comma_list(kBackwardHeadDims), ")"));
   }
-  // dtype, compute capability and the alignment of q, k, v and out.
+  if (p.mask.is_varlen() && p.kv_stride != 1) {
+    return unsupported("the backward of varlen with kv_stride > 1");
+  }
+  // dtype, compute capability, the alignment of q, k, v and out, and mask support.
   const Status forward = supports(p);
   if (!forward.ok()) return forward;
   const detail::DeviceInfo& device = detail::current_device_info();
-  const int smem = backward_smem_bytes(p.head_dim);
+  const bool mask_tile =
+      p.mask.pattern != SparsePattern::kNone || p.mask.has_block_map() || p.mask.has_element_mask();
+  const int smem = p.mask.any() ? backward_masked_smem_bytes(p.head_dim, mask_tile)
+                                : backward_smem_bytes(p.head_dim);
   if (smem > device.max_smem_optin) {
     return unsupported(detail::concat(
         "the backward with head_dim ", p.head_dim, " on this device: it needs ", smem,

@@ -17,14 +17,29 @@
 
 namespace samattn::tensor_core {
 
+// Opts a kernel into `bytes` of dynamic shared memory; the masked kernels ask once per device
+// for the size with the mask tile where the device has it (backward_supports() sends calls that
+// need the tile only there).
+inline void allow_backward_smem(const void* kernel, int bytes, int with_tile) {
+  detail::allow_dynamic_smem(
+      kernel, with_tile <= detail::current_device_info().max_smem_optin ? with_tile : bytes);
+}
+
 template <DType kDType, int kHeadDim>
 void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
   using Cfg = BackwardConfig<kHeadDim>;
   const detail::ForwardKernelParams& f = params.fwd;
   const bool atomic_dq = params.dq_accum != nullptr;
-  const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
-  if (atomic_dq && dq_elements > 0) {
+  const bool masked = detail::needs_masked_kernel(f);
+  const int smem =
+      masked ? backward_masked_smem_bytes(kHeadDim, detail::needs_mask_tile(f)) : Cfg::kSmemBytes;
+  const int with_tile = masked ? backward_masked_smem_bytes(kHeadDim, true) : Cfg::kSmemBytes;
+  // Rows of the dQ accumulator: the lse's layout (varlen: heads_q x total_q).
+  const int64_t stat_rows =
+      f.cu_seqlens_q != nullptr ? f.heads_q * f.total_q : f.batch * f.heads_q * f.seqlen_q;
+  const int64_t dq_elements = stat_rows * kHeadDim;
+  if (atomic_dq && dq_elements > 0 && !params.skip_zero) {
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, dq_elements * sizeof(float), stream));
   }
   if (f.kept_keys > 0) {
@@ -33,27 +48,40 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
     SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
                   Cfg::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
                   std::numeric_limits<int>::max(), " blocks");
-    const auto kernel = atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true>
-                                  : backward_dkdv_kernel<Element, kHeadDim, false>;
+    const auto kernel = masked
+                            ? (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, true>
+                                         : backward_dkdv_kernel<Element, kHeadDim, false, true>)
+                            : (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, false>
+                                         : backward_dkdv_kernel<Element, kHeadDim, false, false>);
     // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
-    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-    kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem, with_tile);
+    kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, smem, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
-  if (f.seqlen_q == 0) return;
+  // Grid-stride conversion kernels: enough blocks to fill the device several times over.
+  const int64_t convert_cap = int64_t{32} * detail::current_device_info().multiprocessors;
+  const auto convert_blocks = [&](int64_t elements) {
+    const int64_t wanted = (elements + kConvertThreads - 1) / kConvertThreads;
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, convert_cap)));
+  };
+  if (params.dk_accum != nullptr && !params.skip_convert) {
+    const int64_t elements = f.batch * params.heads_kv * params.seqlen_k * kHeadDim;
+    if (elements > 0) {
+      backward_dkdv_convert_kernel<Element>
+          <<<convert_blocks(elements), kConvertThreads, 0, stream>>>(params);
+      SAMATTN_CHECK_LAUNCH();
+    }
+  }
+  if (f.seqlen_q == 0 || params.skip_convert) return;
   if (atomic_dq) {
-    const int64_t wanted = (dq_elements + kConvertThreads - 1) / kConvertThreads;
-    // A grid-stride loop: enough blocks to fill the device several times over.
-    const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
     backward_dq_convert_kernel<Element>
-        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap))), kConvertThreads, 0,
-           stream>>>(params);
+        <<<convert_blocks(dq_elements), kConvertThreads, 0, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   } else {
-    const auto kernel = backward_dq_kernel<Element, kHeadDim>;
-    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        params);
+    const auto kernel = masked ? backward_dq_kernel<Element, kHeadDim, true>
+                               : backward_dq_kernel<Element, kHeadDim, false>;
+    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem, with_tile);
+    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, smem, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
 }

@@ -72,6 +72,26 @@ constexpr int forward_smem_bytes(int64_t head_dim, int element_bytes) {
   return rows * tile_row_stride(head_dim, element_bytes) * element_bytes;
 }
 
+// The masked kernel's per-element mask tile (patterns, block maps, element masks): kBlockM rows
+// of kBlockN fp32 terms, the row pitch 8 floats longer than a row so that the float2 reads of
+// one half-warp (4 rows x 4 column pairs) land on 32 distinct banks. It follows the K and V
+// tiles and exists only for calls that need it.
+constexpr int mask_tile_pitch(int64_t head_dim, int element_bytes) {
+  return (tile_shape(head_dim, element_bytes).block_n + 31) / 32 * 32 + 8;
+}
+
+constexpr int mask_tile_bytes(int64_t head_dim, int element_bytes) {
+  const TileShape shape = tile_shape(head_dim, element_bytes);
+  return 16 * shape.m_tiles * shape.warps * mask_tile_pitch(head_dim, element_bytes) *
+         int(sizeof(float));
+}
+
+// Shared memory of the masked kernel: the unmasked tiles, plus the mask tile when needed.
+constexpr int forward_masked_smem_bytes(int64_t head_dim, int element_bytes, bool with_tile) {
+  return forward_smem_bytes(head_dim, element_bytes) +
+         (with_tile ? mask_tile_bytes(head_dim, element_bytes) : 0);
+}
+
 template <int kHeadDim, int kElementBytes>
 struct ForwardConfig {
   static constexpr TileShape kShape = tile_shape(kHeadDim, kElementBytes);
@@ -87,6 +107,7 @@ struct ForwardConfig {
   static constexpr int kKVTileElems = kBlockN * kRowStride;
   static constexpr int kSmemBytes = forward_smem_bytes(kHeadDim, kElementBytes);
   static constexpr int kChunkElems = 16 / kElementBytes;  // elements per 16-byte copy
+  static constexpr int kMaskPitch = mask_tile_pitch(kHeadDim, kElementBytes);  // floats
 
   static_assert(kHeadDim % 32 == 0, "tile loads give each thread whole 16-byte chunks");
   static_assert((kRowStride * kElementBytes / 16) % 2 == 1, "row pitch must be odd in 16 B");
@@ -94,6 +115,8 @@ struct ForwardConfig {
   static_assert(kSmemBytes == (kQTileElems + 2 * kKVTileElems) * kElementBytes, "tile layout");
   static_assert(kBlockM * kHeadDim / kChunkElems % kThreads == 0, "Q tile splits over threads");
   static_assert(kBlockN * kHeadDim / kChunkElems % kThreads == 0, "K/V tiles split evenly");
+  static_assert(kMaskPitch % 32 == 8, "mask tile rows 8 banks apart");
+  static_assert(kSmemBytes % 16 == 0, "the mask tile starts 16-byte aligned");
 };
 
 }  // namespace samattn::tensor_core

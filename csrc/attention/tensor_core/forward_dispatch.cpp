@@ -15,15 +15,30 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend tensor_core does not support " + why);
 }
 
+// The masked kernel keeps block coordinates and key indices in 32-bit registers.
+constexpr int64_t kMaxMaskedLength = int64_t{1} << 30;
+
+// Whether the masked kernel needs its per-element mask tile (tensor_core/forward_config.h).
+bool wants_mask_tile(const AttentionParams& p) {
+  return p.mask.pattern != SparsePattern::kNone || p.mask.has_block_map() ||
+         p.mask.has_element_mask();
+}
+
 // What the call alone decides (dtype, head dims, mask options), before any device is queried: a
 // call this path cannot take never touches the CUDA runtime (it may run where no GPU is present).
 Status supports_call(const AttentionParams& p) {
-  // Varlen reaches this kernel one dense sequence at a time (forward.cpp); the other mask
-  // options run on the SIMT kernels until the tensor-core forward has the mask policy.
   if (p.mask.any()) {
-    return unsupported(
-        "attn_mask, block-sparse maps, window, sparse patterns and varlen (they run on the SIMT "
-        "kernels)");
+    // Masks, varlen and sparse patterns run on the masked kernel (forward_masked_kernel.cuh).
+    if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+      return unsupported(
+          detail::concat("attn_mask, block-sparse maps, window, sparse patterns "
+                         "and varlen in dtype ",
+                         dtype_name(p.dtype), " (supported: float16, bfloat16)"));
+    }
+    if (p.seqlen_q >= kMaxMaskedLength || p.seqlen_k >= kMaxMaskedLength) {
+      return unsupported(detail::concat("masks with seqlen_q ", p.seqlen_q, " and seqlen_k ",
+                                        p.seqlen_k, " (both must be below 2^30)"));
+    }
   }
   if (p.dtype == DType::kFloat32 && !p.allow_tf32) {
     return unsupported("dtype float32 without allow_tf32 (it would round the inputs to TF32)");
@@ -57,20 +72,23 @@ Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
                                       " (needs 8.0 or newer)"));
   }
   const int bytes = dtype_size(p.dtype);
-  const int smem = forward_smem_bytes(p.head_dim, bytes);
+  const int smem = p.mask.any() ? forward_masked_smem_bytes(p.head_dim, bytes, wants_mask_tile(p))
+                                : forward_smem_bytes(p.head_dim, bytes);
   if (smem > device.max_smem_optin) {
     return unsupported(detail::concat("head_dim ", p.head_dim, " on this device: it needs ", smem,
                                       " bytes of shared memory per block, the device allows ",
                                       device.max_smem_optin));
   }
   const int64_t keys = detail::strided_key_count(p);
+  // Varlen sequences start at any physical row of k and v.
+  const int64_t kv_rows = p.mask.is_varlen() ? 1 : p.kv_stride;
   const std::string misaligned[] = {
       detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
                            bytes),
-      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, p.batch,
-                           p.heads_kv, keys, bytes),
-      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, p.batch,
-                           p.heads_kv, keys, bytes),
+      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * kv_rows, p.batch, p.heads_kv,
+                           keys * p.kv_stride / kv_rows, bytes),
+      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * kv_rows, p.batch, p.heads_kv,
+                           keys * p.kv_stride / kv_rows, bytes),
       detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
                            p.seqlen_q, bytes)};
   for (const std::string& why : misaligned) {

@@ -9,6 +9,8 @@
 
 namespace samattn::tensor_core {
 
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 __device__ __forceinline__ float quad_max(float value) {
   value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
   return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));

@@ -62,6 +62,12 @@ struct AttentionParams {
   MaskOptions mask;
 
   Backend backend = Backend::kAuto;
+
+  // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
+  // bytes, aligned to 256 bytes, owned by the caller. Only the Sparse Transformer "strided"
+  // pattern uses it (its residue classes run as dense views whose fp32 output and lse are merged
+  // into the band's softmax); without it that pattern still runs, masking element by element.
+  void* workspace = nullptr;
 };
 
 inline constexpr int64_t kMaxHeadDim = 256;
@@ -72,6 +78,10 @@ double default_softmax_scale(int64_t head_dim);
 // Checks every field without launching anything. The message of a failed status names the
 // field and the expected value; it is the message attention_forward would throw.
 Status can_implement(const AttentionParams& params);
+
+// Bytes of device workspace attention_forward can use for `params` (0 for most calls; see
+// AttentionParams::workspace). Depends only on the shapes, dtype and options.
+size_t attention_forward_workspace_bytes(const AttentionParams& params);
 
 // Runs attention on `stream`. Pointers are device pointers. Throws samattn::Error on invalid
 // parameters (before any launch) and on CUDA errors.

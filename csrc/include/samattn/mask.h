@@ -57,6 +57,10 @@ struct MaskOptions {
   // batch + 1 non-decreasing entries, starting at 0, in the memory of the call (device memory for
   // attention_forward, host memory for the reference), set together. lse is then (Hq, total_q).
   // Positions (causal, window, patterns, mask rows/columns) count from each sequence's start.
+  // The tensor-core kernels (float16/bfloat16) read cu_seqlens on the device in one launch and do
+  // not validate their contents (FlashAttention-2's contract; they clamp them, so invalid arrays
+  // give undefined values but no access outside the tensors); the CUDA-core kernels and the
+  // reference read and check them on the host.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t total_q = 0;  // rows of the packed q / out (== cu_seqlens_q[batch])

@@ -82,6 +82,12 @@ def main(argv=None) -> int:
                 rows += suite_rows
     speedups(rows)
     report.print_table(rows)
+    if "masks" in names:
+        from samattn.bench import masks
+
+        print("\nissue #6 targets:")
+        for line in masks.summary([r for r in rows if r.get("suite") == "masks"]):
+            print("  " + line)
     paths = report.write(rows, env, args.out, "_".join(names))
     print("\nwrote " + ", ".join(paths))
     return 0

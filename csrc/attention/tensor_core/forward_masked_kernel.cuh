@@ -1,0 +1,413 @@
+// Internal: the tensor-core forward with masks (FlashAttention-2 design on mma.sync, sm80+,
+// fp16/bf16): the unmasked kernel's tiles, pipeline and softmax (forward_kernel.cuh), plus
+//   - the mask policy (attention/mask_policy.h, the SIMT kernels' and the reference's): each query
+//     block walks only the keys its rows can see by causal and the window, and classifies every
+//     key block of them as skipped (nothing visible: no loads, no math), full (no masking work) or
+//     partial;
+//   - partial blocks of causal / window / kv_stride / sequence ends (a contiguous key range per
+//     row) compare each score's key with its row's range in registers; partial blocks of a
+//     pattern, a block map or an element mask take every term (0, -inf or the additive value, in
+//     the log2 domain) from a shared tile filled once per block by the whole block with
+//     simt::masked_score, the definition the SIMT kernels use;
+//   - varlen in one launch (sequence offsets read from cu_seqlens on the device; blocks past a
+//     sequence's end exit at once), an fp32 output and a strided lse (for the strided pattern's
+//     residue views), and a prior softmax part merged into each row before it is normalised, so
+//     the strided pattern's two parts are rounded once (attention/strided_pattern.h).
+// A row that sees no key gets output 0 and lse -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/kernel_params.h"
+#include "attention/mask_policy.cuh"
+#include "attention/tensor_core/forward_config.h"
+#include "attention/tensor_core/mma.cuh"
+#include "attention/tensor_core/online_softmax.cuh"
+#include "attention/tensor_core/tile_io.cuh"
+#include "attention/tensor_core/warp_gemm.cuh"
+
+namespace samattn::tensor_core {
+
+// Where sequence b lives: its first q/out row and k/v (physical) row, and its lengths. Dense
+// batches: 0, 0, seqlen_q, kept_keys. Varlen: from cu_seqlens, clamped so that any contents stay
+// inside the packed tensors.
+struct SequenceExtent {
+  int64_t q_row0, k_row0;
+  int64_t seqlen_q, kept_keys;
+};
+
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+__device__ __forceinline__ SequenceExtent sequence_extent(const detail::ForwardKernelParams& p,
+                                                          int64_t b) {
+  if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.kept_keys};
+  const int64_t q0 = clamp64(p.cu_seqlens_q[b], 0, p.total_q);
+  const int64_t q1 = clamp64(p.cu_seqlens_q[b + 1], q0, p.total_q);
+  const int64_t k0 = clamp64(p.cu_seqlens_k[b], 0, p.total_k);
+  const int64_t k1 = clamp64(p.cu_seqlens_k[b + 1], k0, p.total_k);
+  const int64_t keys = (k1 - k0 + p.kv_stride - 1) / p.kv_stride;
+  return {q0, k0, min(q1 - q0, p.seqlen_q), min(keys, p.kept_keys)};
+}
+
+// What a key block needs, decided uniformly for the thread block.
+enum class KeyBlockWork : int { kSkip, kNone, kRowRange, kMaskTile };
+
+// The key block's work: with a pattern, block map or element mask, the shared classification
+// (simt::classify_key_block); otherwise the block is partial iff some row's key range does not
+// cover it ([common_begin, common_end) is the keys every row of the query block sees).
+__device__ __forceinline__ KeyBlockWork key_block_work(const detail::ForwardKernelParams& p,
+                                                       bool mask_tile, int64_t b, int64_t h,
+                                                       int64_t m_begin, int rows, int64_t n_begin,
+                                                       int block_n, int64_t key_end,
+                                                       int64_t common_begin, int64_t common_end) {
+  if (mask_tile) {
+    const detail::BlockClass c =
+        simt::classify_key_block(p, b, h, m_begin, rows, n_begin, block_n, key_end);
+    if (c == detail::BlockClass::kSkip) return KeyBlockWork::kSkip;
+    return c == detail::BlockClass::kFull ? KeyBlockWork::kNone : KeyBlockWork::kMaskTile;
+  }
+  const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
+  return covered ? KeyBlockWork::kNone : KeyBlockWork::kRowRange;
+}
+
+// Fills tile[row * kPitch + key] with the mask term of query m_begin + row and logical key
+// n_begin + key (rows past `rows` get -inf, and are never stored). The whole block calls it;
+// consecutive threads take consecutive keys (coalesced mask reads, conflict-free stores).
+template <int kBlockM, int kBlockN, int kPitch, int kThreads>
+__device__ __forceinline__ void fill_mask_tile(float* tile, const detail::ForwardKernelParams& p,
+                                               int64_t b, int64_t h, int64_t m_begin, int rows,
+                                               int64_t n_begin, int64_t key_end) {
+#pragma unroll 1
+  for (int e = threadIdx.x; e < kBlockM * kBlockN; e += kThreads) {
+    const int row = e / kBlockN;
+    const int key = e % kBlockN;
+    tile[row * kPitch + key] =
+        row < rows ? simt::masked_score<float>(p, b, h, m_begin + row, n_begin + key, key_end, 0.f)
+                   : -INFINITY;
+  }
+}
+
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void masked_forward_block(const detail::ForwardKernelParams& p) {
+  using Cfg = ForwardConfig<kHeadDim, int(sizeof(Element))>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kStride = Cfg::kRowStride;
+  constexpr int kMTiles = Cfg::kMTiles;
+  constexpr int kRows = 2 * kMTiles;
+  constexpr int kNTiles = kBlockN / 8;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr int kKSteps = kHeadDim * int(sizeof(Element)) / 32;
+  constexpr int kPitch = Cfg::kMaskPitch;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Element* q_tile = reinterpret_cast<Element*>(shared_bytes);  // (kBlockM, kStride)
+  Element* k_tile = q_tile + Cfg::kQTileElems;                 // (kBlockN, kStride)
+  Element* v_tile = k_tile + Cfg::kKVTileElems;                // (kBlockN, kStride)
+  float* mask_tile = reinterpret_cast<float*>(shared_bytes + Cfg::kSmemBytes);  // (kBlockM, kPitch)
+
+  // Block coordinates and key indices as 32-bit values (fewer registers next to the O and S
+  // accumulators): the dispatcher keeps calls with 2^30 or more rows or keys on SIMT, and the
+  // grid is below 2^31 blocks.
+  const int num_m_blocks = static_cast<int>((p.seqlen_q + kBlockM - 1) / kBlockM);
+  const int block = static_cast<int>(blockIdx.x);
+  const int m_block = num_m_blocks - 1 - block % num_m_blocks;
+  const int batch_head = block / num_m_blocks;
+  const int b = batch_head / static_cast<int>(p.heads_q);
+  const int h = batch_head % static_cast<int>(p.heads_q);
+  const int h_kv = h / static_cast<int>(p.group_size);
+  const int m_begin = m_block * kBlockM;
+  const SequenceExtent seq = sequence_extent(p, b);
+  if (m_begin >= seq.seqlen_q) return;  // varlen: the whole block is past its sequence's end
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), seq.seqlen_q - m_begin));
+
+  // Keys the block's rows can see (first row's begin to last row's end), and the keys all of them
+  // see (last row's begin to first row's end): both ends of a row's range grow with the row.
+  const detail::Span first_span =
+      detail::visible_key_span(p.policy, m_begin, seq.kept_keys, p.kv_stride);
+  const detail::Span last_span =
+      detail::visible_key_span(p.policy, m_begin + rows - 1, seq.kept_keys, p.kv_stride);
+  const int key_begin = static_cast<int>(first_span.begin);
+  const int key_end = static_cast<int>(max(last_span.end, first_span.begin));
+  const int common_begin = static_cast<int>(last_span.begin);
+  const int common_end = static_cast<int>(first_span.end);
+  const int first_block = key_begin / kBlockN;
+  const bool mask_tile_on = detail::needs_mask_tile(p);
+
+  const int64_t k_phys_row = p.k_row_stride / p.kv_stride;  // one physical row of k
+  const int64_t v_phys_row = p.v_row_stride / p.kv_stride;
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                     (seq.q_row0 + m_begin) * p.q_row_stride;
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
+                     h_kv * p.k_head_stride + seq.k_row0 * k_phys_row;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
+                     h_kv * p.v_head_stride + seq.k_row0 * v_phys_row;
+
+  const auto work_of = [&](int n_block) {
+    return key_block_work(p, mask_tile_on, b, h, m_begin, rows, n_block * kBlockN, kBlockN, key_end,
+                          common_begin, common_end);
+  };
+  // The next key block at or below n_block that is not skipped (first_block - 1 when none).
+  const auto next_block = [&](int n_block, KeyBlockWork& work) {
+    for (; n_block >= first_block; --n_block) {
+      work = work_of(n_block);
+      if (work != KeyBlockWork::kSkip) break;
+    }
+    return n_block;
+  };
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  KeyBlockWork work = KeyBlockWork::kSkip;
+  int n_block = next_block((key_end + kBlockN - 1) / kBlockN - 1, work);
+  load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(q_tile, q, p.q_row_stride, rows);
+  cp_async_commit();
+  if (n_block >= first_block) {
+    const int n_begin = n_block * kBlockN;
+    load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(
+        k_tile, k + n_begin * p.k_row_stride, p.k_row_stride, min(kBlockN, key_end - n_begin));
+  }
+  cp_async_commit();
+
+  const int warp_row0 = warp * Cfg::kWarpRows;
+  const uint32_t q_lane =
+      shared_address(q_tile + warp_row0 * kStride + q_lane_offset<Element, kStride>(lane));
+  const uint32_t k_lane = shared_address(k_tile + k_lane_offset<Element, kStride>(lane));
+  const Element* v_lane = v_tile + v_lane_offset<Element, kStride>(lane);
+  const int col0 = 2 * (lane % 4);
+
+  // Lane row r is query row warp_row0 + 8 * r + lane / 4 of the block; it sees the keys
+  // [key_begin + lo, key_end - gap), lo and gap packed as 16-bit halves of key_limits[r]: both
+  // are at most about kBlockM / kv_stride + 1, since the ends of a row's range grow with the row
+  // by at most one key per kv_stride rows.
+  uint32_t key_limits[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const detail::Span span = detail::visible_key_span(
+        p.policy, m_begin + warp_row0 + 8 * r + lane / 4, seq.kept_keys, p.kv_stride);
+    const int64_t lo = clamp64(span.begin - key_begin, 0, 0xffff);
+    const int64_t gap = clamp64(key_end - span.end, 0, 0xffff);
+    key_limits[r] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(gap) << 16);
+  }
+  const float scale_log2 = static_cast<float>(p.scale_log2);
+
+  float o[kMTiles][kDTiles][4];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[m][t][e] = 0.f;
+    }
+  }
+  OnlineSoftmax<kMTiles> softmax;
+
+  while (n_block >= first_block) {
+    const int n_begin = n_block * kBlockN;
+    const int keys = min(kBlockN, key_end - n_begin);
+    // The block after this one, found while S is not live (fewer registers than next to it).
+    KeyBlockWork next_work = KeyBlockWork::kSkip;
+    const int next = next_block(n_block - 1, next_work);
+    // The previous block's readers of the mask tile passed the barrier before its P V.
+    if (work == KeyBlockWork::kMaskTile) {
+      fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, b, h, m_begin, rows, n_begin,
+                                                         key_end);
+    }
+    cp_async_wait<0>();  // K of this block (and Q) has landed ...
+    __syncthreads();     // ... for every thread, the mask tile is written, V is free
+    load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(v_tile, v + n_begin * p.v_row_stride,
+                                                          p.v_row_stride, keys);
+    cp_async_commit();
+
+    float s[kMTiles][kNTiles][4];
+    warp_qk<Element, kMTiles, kNTiles, kKSteps, kStride>(s, q_lane, k_lane);
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int t = 0; t < kNTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[m][t][e] *= scale_log2;
+      }
+    }
+    if (work == KeyBlockWork::kMaskTile) {
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float* terms = mask_tile + (warp_row0 + 16 * m + 8 * half + lane / 4) * kPitch;
+#pragma unroll
+          for (int t = 0; t < kNTiles; ++t) {
+            const float2 term = *reinterpret_cast<const float2*>(terms + t * 8 + col0);
+            float& s0 = s[m][t][2 * half];
+            float& s1 = s[m][t][2 * half + 1];
+            // Exactly -inf for a hidden key, even when its score is NaN or +inf.
+            s0 = term.x == -INFINITY ? -INFINITY : s0 + term.x;
+            s1 = term.y == -INFINITY ? -INFINITY : s1 + term.y;
+          }
+        }
+      }
+    } else if (work == KeyBlockWork::kRowRange) {
+      // Keys relative to this block: row r sees [lo, hi).
+      int lo[kRows], hi[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        lo[r] = key_begin + static_cast<int>(key_limits[r] & 0xffffu) - n_begin;
+        hi[r] = key_end - static_cast<int>(key_limits[r] >> 16) - n_begin;
+      }
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int t = 0; t < kNTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = 2 * m + e / 2;
+            const int key = t * 8 + col0 + (e & 1);
+            if (key < lo[r] || key >= hi[r]) s[m][t][e] = -INFINITY;
+          }
+        }
+      }
+    }
+    float rescale[kRows];
+    softmax.update(s, rescale);
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[m][t][e] *= rescale[2 * m + e / 2];
+      }
+    }
+
+    cp_async_wait<0>();  // V of this block has landed ...
+    __syncthreads();     // ... for every thread; nobody reads K or the mask tile any more
+    if (next >= first_block) {
+      // Every key of an earlier block is below key_end: a whole tile.
+      load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(
+          k_tile, k + static_cast<int64_t>(next) * kBlockN * p.k_row_stride, p.k_row_stride,
+          kBlockN);
+    }
+    cp_async_commit();
+
+    warp_pv<Element, kMTiles, kNTiles, kDTiles, kStride>(o, s, v_lane);
+    n_block = next;
+    work = next_work;
+  }
+  // Every copy (Q's included, when no key block ran) has landed before Q's rows are reused.
+  cp_async_wait<0>();
+  __syncthreads();
+  // Re-read rather than kept live through the loop.
+  const int64_t q_row0 = sequence_extent(p, b).q_row0;
+
+  // Row statistics, with the prior part (if any) folded in: total = sum * 2^(max - new max) +
+  // 2^(prior lse * log2 e - new max), and the output rescaled the same way.
+  float total[kRows], row_max[kRows], inverse[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    total[r] = quad_sum(softmax.row_sum[r]);
+    row_max[r] = softmax.row_max[r];
+  }
+  if (p.prior_lse != nullptr) {
+    const int64_t prior_row0 = (b * p.heads_q + h) * p.seqlen_q + m_begin;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = 2 * m + half;
+        const int row = warp_row0 + 8 * r + lane / 4;
+        const bool has_prior = row < rows && m_begin + row >= p.prior_rows_begin;
+        const float prior = has_prior ? p.prior_lse[prior_row0 + row] * kLog2e : -INFINITY;
+        const float new_max = fmaxf(row_max[r], prior);
+        const float shift = new_max == -INFINITY ? 0.f : new_max;
+        const float own_weight = exp2f(row_max[r] - shift);
+        const float prior_weight = exp2f(prior - shift);
+        total[r] = total[r] * own_weight + prior_weight;
+        row_max[r] = new_max;
+        const float* prior_out = p.prior_out + (prior_row0 + row) * p.head_dim_v + col0;
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+          const float2 po = has_prior ? *reinterpret_cast<const float2*>(prior_out + t * 8)
+                                      : make_float2(0.f, 0.f);
+          o[m][t][2 * half] = o[m][t][2 * half] * own_weight + po.x * prior_weight;
+          o[m][t][2 * half + 1] = o[m][t][2 * half + 1] * own_weight + po.y * prior_weight;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
+
+  const int64_t out_offset =
+      b * p.o_batch_stride + h * p.o_head_stride + (q_row0 + m_begin) * p.o_row_stride;
+  if (p.out_is_float) {
+    // An fp32 workspace: straight from the accumulators, two floats per store.
+    float* out = static_cast<float*>(p.out) + out_offset;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = 2 * m + half;
+        const int row = warp_row0 + 16 * m + 8 * half + lane / 4;
+        if (row < rows) {
+#pragma unroll
+          for (int t = 0; t < kDTiles; ++t) {
+            *reinterpret_cast<float2*>(out + row * p.o_row_stride + t * 8 + col0) =
+                make_float2(o[m][t][2 * half] * inverse[r], o[m][t][2 * half + 1] * inverse[r]);
+          }
+        }
+      }
+    }
+  } else {
+    // Stage the warp's rows in its own (no longer read) rows of the Q tile, then 16-byte stores.
+    Element* staged = q_tile + warp_row0 * kStride;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = 2 * m + half;
+          const int row = 16 * m + 8 * half + lane / 4;
+          store_pair(staged + row * kStride + t * 8 + col0, o[m][t][2 * half] * inverse[r],
+                     o[m][t][2 * half + 1] * inverse[r]);
+        }
+      }
+    }
+    __syncwarp();
+    const int warp_rows = max(0, min(Cfg::kWarpRows, rows - warp_row0));
+    Element* out = static_cast<Element*>(p.out) + out_offset;
+    store_warp_rows<Cfg::kWarpRows, kHeadDim, kStride>(out + warp_row0 * p.o_row_stride,
+                                                       p.o_row_stride, staged, warp_rows, lane);
+  }
+
+  if (p.lse != nullptr && lane % 4 == 0) {
+    constexpr float kLn2 = 0.6931471805599453f;
+    float* lse = static_cast<float*>(p.lse) + b * p.lse_batch_stride + h * p.lse_head_stride +
+                 (q_row0 + m_begin) * p.lse_row_stride;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = warp_row0 + 8 * r + lane / 4;
+      if (row < rows) {
+        lse[row * p.lse_row_stride] =
+            total[r] == 0.f ? -INFINITY : (row_max[r] + log2f(total[r])) * kLn2;
+      }
+    }
+  }
+}
+
+// As forward_kernel: the body exists only for sm80+.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(ForwardConfig<kHeadDim, int(sizeof(Element))>::kThreads,
+                                  ForwardConfig<kHeadDim, int(sizeof(Element))>::kMinBlocksPerSm)
+    masked_forward_kernel(const __grid_constant__ detail::ForwardKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  masked_forward_block<Element, kHeadDim>(p);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace samattn::tensor_core

@@ -1,0 +1,444 @@
+// Masks on the tensor cores (float16/bfloat16, sm80+): every mask option forced onto the masked
+// kernels (backend kTensorCore), forward and backward, against the fp64 reference with the
+// outputs poisoned. The kernels round P (and, backward, dS) to the dtype, so the bounds follow
+// FlashAttention-3 (test_tensor_core_gpu.cpp, backward_rounding_model.h): the forward's max error
+// is at most twice that of a same-dtype emulation that applies the same mask (the reference's
+// reference_key_bias) plus u * max|ref|. Also: the strided pattern's decomposition (with its
+// workspace) and its element-wise path (without) agree with the reference and with each other,
+// and a mask equal to causal gives the causal kernel's output.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backward_rounding_model.h"
+#include "reference/reference_mask.h"
+#include "test_support.h"
+
+namespace samattn::testing {
+namespace {
+
+bool tensor_cores_available() {
+  if (!gpu_available()) return false;
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 8;
+}
+
+#define SKIP_WITHOUT_TENSOR_CORES()                                                          \
+  do {                                                                                       \
+    if (!tensor_cores_available()) GTEST_SKIP() << "no CUDA GPU of compute capability 8.0+"; \
+  } while (0)
+
+enum class ElementMask { kNone, kBool, kFloat };
+
+struct TcMaskCase {
+  std::string name;
+  Shape shape;
+  bool causal = false;
+  int64_t kv_stride = 1;
+  int64_t window_left = -1, window_right = -1;
+  SparsePattern pattern = SparsePattern::kNone;
+  int64_t block = 0, summary = 0;
+  ElementMask element = ElementMask::kNone;
+  int64_t map_q = 0, map_k = 0;  // block map sizes (0: none)
+  bool workspace = true;         // give attention_forward its workspace (strided decomposition)
+  bool deterministic = false;    // the backward's atomic-free dQ kernel
+};
+
+std::vector<TcMaskCase> cases() {
+  using SP = SparsePattern;
+  std::vector<TcMaskCase> c = {
+      {"window", {2, 2, 1, 150, 170, 64, 64}, false, 1, 20, 5},
+      {"window_causal_d32", {1, 2, 2, 300, 300, 32, 32}, true, 1, 64, -1},
+      {"window_kv_stride3", {1, 2, 2, 200, 260, 128, 128}, true, 3, 90, -1},
+      {"window_sq_gt_sk", {1, 2, 2, 129, 77, 96, 96}, true, 1, 40, -1},
+      {"strided_l32", {1, 2, 2, 260, 260, 64, 64}, false, 1, -1, -1, SP::kStrided, 32},
+      {"strided_l100_d128", {1, 2, 2, 1000, 1000, 128, 128}, false, 1, -1, -1, SP::kStrided, 100},
+      {"strided_gqa_seq1", {2, 4, 2, 1, 1, 64, 64}, false, 1, -1, -1, SP::kStrided, 8},
+      {"strided_l128_s129", {1, 2, 2, 129, 129, 64, 64}, false, 1, -1, -1, SP::kStrided, 128},
+      {"strided_l128_s77", {1, 2, 2, 77, 77, 64, 64}, false, 1, -1, -1, SP::kStrided, 128},
+      {"strided_gqa", {2, 4, 2, 300, 300, 96, 96}, false, 1, -1, -1, SP::kStrided, 24},
+      {"strided_sq_ne_sk", {1, 2, 2, 300, 170, 64, 64}, false, 1, -1, -1, SP::kStrided, 50},
+      {"strided_window", {1, 2, 2, 400, 400, 64, 64}, false, 1, 150, -1, SP::kStrided, 40},
+      {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, 1, -1, -1, SP::kFixed, 64, 8},
+      {"fixed_d256", {1, 1, 1, 200, 200, 256, 256}, false, 1, -1, -1, SP::kFixed, 50, 3},
+      {"bool_mask",
+       {2, 2, 2, 77, 129, 64, 64},
+       false,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kBool},
+      {"bool_mask_causal_window",
+       {1, 4, 2, 100, 100, 96, 96},
+       true,
+       1,
+       30,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kBool},
+      {"float_mask_d192",
+       {1, 2, 2, 130, 70, 192, 192},
+       false,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kFloat},
+      {"block_map",
+       {2, 2, 2, 300, 333, 64, 64},
+       false,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kNone,
+       48,
+       80},
+      {"block_map_bool_causal",
+       {1, 2, 1, 257, 257, 128, 128},
+       true,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kBool,
+       64,
+       64},
+  };
+  TcMaskCase no_workspace = c[5];
+  no_workspace.name = "strided_l100_d128_elementwise";
+  no_workspace.workspace = false;
+  no_workspace.deterministic = true;  // the backward masks element by element too
+  c.push_back(no_workspace);
+  for (const char* name : {"window_sq_gt_sk", "block_map_bool_causal", "fixed"}) {
+    for (const TcMaskCase& base : std::vector<TcMaskCase>(c)) {
+      if (base.name != name) continue;
+      TcMaskCase det = base;
+      det.name += "_deterministic";
+      det.deterministic = true;
+      c.push_back(det);
+    }
+  }
+  return c;
+}
+
+// Host mask data of a case: a (B, 1, Sq, Sk) boolean or float mask broadcast over heads (~30%
+// hidden, query row 3 fully hidden), and a (B, 1, ...) block map (~30% of blocks unlisted).
+struct HostMasks {
+  std::vector<uint8_t> bools;
+  std::vector<float> floats;
+  std::vector<uint8_t> map;
+};
+
+HostMasks make_masks(const TcMaskCase& c, AttentionParams& p) {
+  const Shape& s = c.shape;
+  HostMasks m;
+  std::mt19937_64 engine(std::hash<std::string>{}(c.name) + 11);
+  if (c.element != ElementMask::kNone) {
+    const int64_t n = s.batch * s.seqlen_q * s.seqlen_k;
+    if (c.element == ElementMask::kBool) {
+      m.bools.resize(n);
+      for (auto& v : m.bools) v = (engine() % 10) >= 3;
+    } else {
+      std::normal_distribution<float> normal(0.f, 1.f);
+      m.floats.resize(n);
+      for (auto& v : m.floats) v = (engine() % 10) >= 3 ? normal(engine) : -INFINITY;
+    }
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t j = 0; j < s.seqlen_k && s.seqlen_q > 3; ++j) {
+        const int64_t at = (b * s.seqlen_q + 3) * s.seqlen_k + j;
+        if (!m.bools.empty()) m.bools[at] = 0;
+        if (!m.floats.empty()) m.floats[at] = -INFINITY;
+      }
+    }
+    p.mask.dtype = c.element == ElementMask::kBool ? MaskDType::kBool : MaskDType::kFloat32;
+    p.mask.batch_stride = s.seqlen_q * s.seqlen_k;
+    p.mask.head_stride = 0;
+    p.mask.row_stride = s.seqlen_k;
+    p.mask.col_stride = 1;
+  }
+  if (c.map_q > 0) {
+    const int64_t rows = (s.seqlen_q + c.map_q - 1) / c.map_q;
+    const int64_t cols = (s.seqlen_k + c.map_k - 1) / c.map_k;
+    m.map.resize(s.batch * rows * cols);
+    for (auto& v : m.map) v = (engine() % 10) >= 3;
+    p.mask.block_q = c.map_q;
+    p.mask.block_k = c.map_k;
+    p.mask.block_batch_stride = rows * cols;
+    p.mask.block_head_stride = 0;
+    p.mask.block_row_stride = cols;
+    p.mask.block_col_stride = 1;
+  }
+  return m;
+}
+
+void apply_options(const TcMaskCase& c, AttentionParams& p) {
+  p.causal = c.causal;
+  p.kv_stride = c.kv_stride;
+  p.mask.window_left = c.window_left;
+  p.mask.window_right = c.window_right;
+  p.mask.pattern = c.pattern;
+  p.mask.pattern_block = c.block;
+  p.mask.pattern_summary = c.summary;
+}
+
+void bind_host_masks(AttentionParams& p, const HostMasks& m) {
+  p.mask.data = !m.bools.empty()    ? static_cast<const void*>(m.bools.data())
+                : !m.floats.empty() ? static_cast<const void*>(m.floats.data())
+                                    : nullptr;
+  p.mask.block_map = m.map.empty() ? nullptr : m.map.data();
+}
+
+// The fp64 reference with the kernel's rounding of P (unnormalised, in (0, 1]) to the dtype
+// before it multiplies V, the masks applied by the reference's own rules.
+HostTensor rounded_forward(const Problem& pb) {
+  const AttentionParams& p = pb.params;
+  const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
+  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  HostTensor out(pb.dtype, pb.out.size());
+  std::vector<double> score(p.seqlen_k), bias(p.seqlen_k), accum(p.head_dim_v);
+  std::vector<bool> seen(p.seqlen_k);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t hk = h / (p.heads_q / p.heads_kv);
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        double row_max = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < p.seqlen_k; ++j) {
+          seen[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
+          if (!seen[j]) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            dot +=
+                pb.q.get(b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
+                pb.k.get(b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
+          }
+          score[j] = dot * scale + bias[j];
+          row_max = std::max(row_max, score[j]);
+        }
+        std::fill(accum.begin(), accum.end(), 0.0);
+        double sum = 0;
+        for (int64_t j = 0; j < p.seqlen_k && std::isfinite(row_max); ++j) {
+          if (!seen[j]) continue;
+          const double weight = std::exp(score[j] - row_max);
+          sum += weight;
+          const double rounded = round_to_dtype(pb.dtype, weight);
+          for (int64_t d = 0; d < p.head_dim_v; ++d) {
+            accum[d] += rounded * pb.v.get(b * p.v_strides.batch + hk * p.v_strides.head +
+                                           j * p.v_strides.seq + d);
+          }
+        }
+        const int64_t o = b * p.out_strides.batch + h * p.out_strides.head + i * p.out_strides.seq;
+        for (int64_t d = 0; d < p.head_dim_v; ++d) out.set(o + d, sum == 0 ? 0 : accum[d] / sum);
+      }
+    }
+  }
+  return out;
+}
+
+::testing::AssertionResult within_fa3_bound(const HostTensor& out, const HostTensor& rounded,
+                                            const HostTensor& ref, DType dtype) {
+  double scale = 0, err = 0, rounded_err = 0;
+  for (int64_t i = 0; i < ref.size(); ++i) {
+    const double r = ref.get(i), o = out.get(i);
+    if (std::isnan(o)) return ::testing::AssertionFailure() << "element " << i << " is NaN";
+    scale = std::max(scale, std::fabs(r));
+    err = std::max(err, std::fabs(o - r));
+    rounded_err = std::max(rounded_err, std::fabs(rounded.get(i) - r));
+  }
+  const double bound = 2 * rounded_err + unit_roundoff_16(dtype) * scale;
+  if (err <= bound) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max error " << err << " exceeds 2 * " << rounded_err
+                                       << " + u * " << scale << " = " << bound;
+}
+
+// Device copies of a problem and its masks, the forward's outputs poisoned.
+struct DeviceRun {
+  DeviceBuffer q, k, v, out, lse, bools, floats, map;
+  std::optional<DeviceBuffer> workspace;
+  AttentionParams params;
+
+  DeviceRun(const Problem& pb, const HostMasks& m, bool with_workspace)
+      : q(pb.q),
+        k(pb.k),
+        v(pb.v),
+        out(pb.out),
+        lse(pb.shape.batch * pb.shape.heads_q * pb.shape.seqlen_q * sizeof(float)),
+        bools(m.bools.size()),
+        floats(m.floats.size() * sizeof(float)),
+        map(m.map.size()) {
+    params = pb.params;
+    params.q = q.get();
+    params.k = k.get();
+    params.v = v.get();
+    params.out = out.get();
+    params.lse = lse.get();
+    const size_t lse_bytes = pb.shape.batch * pb.shape.heads_q * pb.shape.seqlen_q * sizeof(float);
+    if (lse_bytes > 0) {
+      EXPECT_EQ(cudaMemset(lse.get(), 0xff, lse_bytes), cudaSuccess);
+    }
+    copy(bools, m.bools.data(), m.bools.size());
+    copy(floats, m.floats.data(), m.floats.size() * sizeof(float));
+    copy(map, m.map.data(), m.map.size());
+    params.mask.data = !m.bools.empty() ? bools.get() : !m.floats.empty() ? floats.get() : nullptr;
+    params.mask.block_map = m.map.empty() ? nullptr : static_cast<const uint8_t*>(map.get());
+    params.backend = Backend::kTensorCore;
+    const size_t bytes = with_workspace ? attention_forward_workspace_bytes(params) : 0;
+    if (bytes > 0) {
+      workspace.emplace(bytes);
+      params.workspace = workspace->get();
+    }
+  }
+
+  static void copy(DeviceBuffer& dst, const void* src, size_t bytes) {
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+};
+
+class MaskTensorCore : public ::testing::TestWithParam<std::tuple<TcMaskCase, DType>> {};
+
+TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const auto& [c, dtype] = GetParam();
+  Problem pb(c.shape, dtype, false, std::hash<std::string>{}(c.name));
+  apply_options(c, pb.params);
+  const HostMasks masks = make_masks(c, pb.params);
+  bind_host_masks(pb.params, masks);
+  const HostTensor ref = pb.reference(/*with_lse=*/true);
+  const HostTensor rounded = rounded_forward(pb);
+
+  DeviceRun dev(pb, masks, c.workspace);
+  ASSERT_EQ(select_backend(dev.params), Backend::kTensorCore);
+  attention_forward(dev.params, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(dtype, pb.out.size());
+  dev.out.download(got.data());
+  EXPECT_TRUE(within_fa3_bound(got, rounded, ref, dtype)) << c.name;
+  std::vector<float> lse(pb.lse.size());
+  dev.lse.download(lse.data());
+  for (size_t r = 0; r < lse.size(); ++r) {
+    if (std::isinf(pb.lse[r])) {
+      EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << r << " got " << lse[r];
+    } else {
+      EXPECT_NEAR(lse[r], pb.lse[r], 1e-5 * (1 + std::fabs(pb.lse[r]))) << "row " << r;
+    }
+  }
+
+  // Backward on the reference's output and lse: the fp64 reference backward vs the masked
+  // tensor-core kernels (atomic dQ), every gradient poisoned first.
+  HostTensor dout(dtype, pb.out.size()), dq(dtype, pb.q.size()), dk(dtype, pb.k.size()),
+      dv(dtype, pb.v.size());
+  fill_random(dout, 99);
+  AttentionBackwardParams hb;
+  hb.forward = pb.params;
+  hb.forward.out = const_cast<void*>(ref.data());
+  hb.dout = dout.data();
+  hb.dout_strides = pb.params.out_strides;
+  hb.dq_strides = pb.params.q_strides;
+  hb.dk_strides = pb.params.k_strides;
+  hb.dv_strides = pb.params.v_strides;
+  hb.dq = dq.data();
+  hb.dk = dk.data();
+  hb.dv = dv.data();
+  const RoundedBackward model = rounded_backward(hb, dq.size(), dk.size(), dv.size());
+  reference_attention_backward(hb);
+
+  std::vector<float> ref_lse(pb.lse.begin(), pb.lse.end());
+  DeviceBuffer d_out(ref), d_dout(dout), d_lse(ref_lse.size() * sizeof(float)),
+      d_dq(dq.bytes.size()), d_dk(dk.bytes.size()), d_dv(dv.bytes.size());
+  DeviceRun::copy(d_lse, ref_lse.data(), ref_lse.size() * sizeof(float));
+  for (auto* buffer : {&d_dq, &d_dk, &d_dv}) {
+    HostTensor poison(dtype, 0);
+    poison.bytes.assign(buffer == &d_dq   ? dq.bytes.size()
+                        : buffer == &d_dk ? dk.bytes.size()
+                                          : dv.bytes.size(),
+                        0xff);
+    buffer->upload(poison);
+  }
+  AttentionBackwardParams db = hb;
+  db.forward = dev.params;
+  // The tensor-core backward has head dims 32-128; wider heads take SIMT, whose error is within
+  // the same rule.
+  db.forward.backend = c.shape.head_dim <= 128 ? Backend::kTensorCore : Backend::kAuto;
+  db.deterministic = c.deterministic;
+  db.forward.out = d_out.get();
+  db.forward.lse = d_lse.get();
+  db.dout = d_dout.get();
+  db.dq = d_dq.get();
+  db.dk = d_dk.get();
+  db.dv = d_dv.get();
+  DeviceBuffer workspace(attention_backward_workspace_bytes(db));
+  db.workspace = workspace.get();
+  attention_backward(db, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor gq(dtype, pb.q.size()), gk(dtype, pb.k.size()), gv(dtype, pb.v.size());
+  d_dq.download(gq.data());
+  d_dk.download(gk.data());
+  d_dv.download(gv.data());
+  const double scale = default_softmax_scale(c.shape.head_dim);
+  const double dp = max_abs(dout) * max_abs(pb.v);
+  EXPECT_TRUE(
+      within_backward_rule(gq, dq, model.dq, model.dq_terms, dtype, scale * dp * max_abs(pb.k)))
+      << "dq " << c.name;
+  EXPECT_TRUE(
+      within_backward_rule(gk, dk, model.dk, model.dk_terms, dtype, scale * dp * max_abs(pb.q)))
+      << "dk " << c.name;
+  EXPECT_TRUE(within_backward_rule(gv, dv, model.dv, model.dv_terms, dtype, max_abs(dout)))
+      << "dv " << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskTensorCore,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(DType::kFloat16, DType::kBFloat16)),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<1>(info.param))) + "_" +
+                                  std::get<0>(info.param).name;
+                         });
+
+// Cross path: a boolean mask equal to causal runs the masked kernel's mask tile, the causal
+// option the unmasked kernel; both round P the same way, so they agree to the output's rounding.
+TEST(MaskTensorCoreCrossPath, CausalMaskEqualsCausalKernel) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const Shape s{1, 2, 2, 200, 200, 64, 64};
+  Problem pb(s, DType::kBFloat16, false, 7);
+  HostMasks masks;
+  masks.bools.resize(s.seqlen_q * s.seqlen_k);
+  for (int64_t i = 0; i < s.seqlen_q; ++i) {
+    for (int64_t j = 0; j < s.seqlen_k; ++j) masks.bools[i * s.seqlen_k + j] = j <= i;
+  }
+  pb.params.mask.dtype = MaskDType::kBool;
+  pb.params.mask.row_stride = s.seqlen_k;
+  pb.params.mask.col_stride = 1;
+  DeviceRun with_mask(pb, masks, true);
+  attention_forward(with_mask.params, nullptr);
+  Problem causal_pb(s, DType::kBFloat16, false, 7);
+  causal_pb.params.causal = true;
+  DeviceRun causal(causal_pb, HostMasks{}, true);
+  attention_forward(causal.params, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor a(DType::kBFloat16, pb.out.size()), b(DType::kBFloat16, pb.out.size());
+  with_mask.out.download(a.data());
+  causal.out.download(b.data());
+  EXPECT_TRUE(all_close(a, b, DType::kBFloat16));
+}
+
+}  // namespace
+}  // namespace samattn::testing
