@@ -18,9 +18,6 @@ from samattn._ops import ops
 Tensor = torch.Tensor
 
 
-GEMM_BACKENDS = ("auto", "simt", "sm80", "sm90")
-
-
 @torch.library.register_fake("samattn::gemm")
 def _gemm_fake(a, b, alpha=1.0, allow_tf32=False, backend="auto"):
     return a.new_empty((*a.shape[:-1], b.shape[-1]))
