@@ -1,16 +1,21 @@
-// samattn::gemm against cuBLAS in one process: bf16, fp16, fp32 (IEEE), tf32 and fp64, square
-// sizes 256..8192 and skinny M = 16..128. Row-major C = A B (A row-major; B row-major, or
-// stored transposed for TF32, whose tensor-core path needs k-major operands), the same layout
-// for both libraries. Inputs are random in [-1, 1) (never zeros); each shape is checked against
-// cuBLAS before timing. Times are medians of event-timed launches, ours and cuBLAS alternating.
+// samattn::gemm against cuBLAS in one process: bf16, fp16, fp32 (IEEE), tf32 and fp64 with the
+// automatic kernel choice, then the sm80 mma.sync kernel forced (bf16, fp16, tf32), square sizes
+// 256..8192 and skinny M = 16..128 (N = K = 8192). Row-major C = A B (A row-major; B row-major,
+// or stored transposed for TF32, whose sm90 path needs k-major operands), the same layout for
+// both libraries. --sgemm-variants adds every fp32 SGEMM tile configuration of
+// benchmarks/sgemm_variants.cu at the large squares (the library ships one of them).
+// Inputs are random in [-1, 1) (never zeros); each row is checked against cuBLAS before timing
+// (a relative difference above the dtype's limit marks it WRONG and fails the run). Times are
+// medians of event-timed launches, ours and cuBLAS alternating; ratio = cuBLAS time / ours.
 //
-//   bench_gemm [--quick] [--json PATH] [--reps N]
+//   bench_gemm [--quick] [--sgemm-variants] [--json PATH] [--reps N]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "samattn/gemm.h"
+#include "sgemm_variants.h"
 
 namespace {
 
@@ -108,14 +114,25 @@ struct Config {
   bool tf32;
   cudaDataType_t cuda_type;
   cublasComputeType_t compute;
+  double max_rel_diff;  // against cuBLAS, relative to max |C|: above it the row is WRONG
 };
 
-const Config kConfigs[] = {
-    {"bf16", samattn::DType::kBFloat16, false, CUDA_R_16BF, CUBLAS_COMPUTE_32F},
-    {"fp16", samattn::DType::kFloat16, false, CUDA_R_16F, CUBLAS_COMPUTE_32F},
-    {"fp32", samattn::DType::kFloat32, false, CUDA_R_32F, CUBLAS_COMPUTE_32F},
-    {"tf32", samattn::DType::kFloat32, true, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32},
-    {"fp64", samattn::DType::kFloat64, false, CUDA_R_64F, CUBLAS_COMPUTE_64F},
+const Config kBf16 = {"bf16",      samattn::DType::kBFloat16, false,
+                      CUDA_R_16BF, CUBLAS_COMPUTE_32F,        3e-2};
+const Config kFp16 = {"fp16",     samattn::DType::kFloat16, false,
+                      CUDA_R_16F, CUBLAS_COMPUTE_32F,       5e-3};
+const Config kFp32 = {"fp32",     samattn::DType::kFloat32, false,
+                      CUDA_R_32F, CUBLAS_COMPUTE_32F,       1e-4};
+const Config kTf32 = {"tf32",     samattn::DType::kFloat32,     true,
+                      CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 5e-3};
+const Config kFp64 = {"fp64",     samattn::DType::kFloat64, false,
+                      CUDA_R_64F, CUBLAS_COMPUTE_64F,       1e-12};
+
+// What we time for a row: samattn::gemm with a backend, or one SGEMM tile configuration.
+struct Ours {
+  std::string label;  // "auto", "sm80", or the SGEMM variant's name
+  samattn::GemmBackend backend;
+  const SgemmVariant* variant;  // null: samattn::gemm
 };
 
 struct Shape {
@@ -124,9 +141,10 @@ struct Shape {
 };
 
 struct Result {
-  std::string dtype, kind, kernel;
+  std::string dtype, kind, backend, kernel;
   int64_t m, n, k;
   double ours_ms, cublas_ms, max_rel_diff;
+  bool wrong;
 };
 
 double median(std::vector<float> v) {
@@ -156,7 +174,8 @@ double rel_diff(const void* x, const void* y, int64_t n) {
   return mm > 0 ? dd / mm : dd;
 }
 
-Result run_one(cublasHandle_t handle, const Config& cfg, const Shape& s, int reps) {
+Result run_one(cublasHandle_t handle, const Config& cfg, const Ours& who, const Shape& s,
+               int reps) {
   const int64_t m = s.m, n = s.n, k = s.k;
   const bool b_k_major = cfg.tf32;  // TF32 tensor cores read k-major operands
   const int esize = samattn::dtype_size(cfg.dtype);
@@ -190,7 +209,9 @@ Result run_one(cublasHandle_t handle, const Config& cfg, const Shape& s, int rep
     p.b_col_stride = k;
   }
   p.allow_tf32 = cfg.tf32;
-  const std::string kernel = samattn::selected_gemm_kernel(p);
+  p.backend = who.backend;
+  const std::string kernel = who.variant != nullptr ? std::string("sgemm_") + who.variant->name
+                                                    : samattn::selected_gemm_kernel(p);
 
   // Row-major C = A B is column-major C^T = B^T A^T.
   const double alpha64 = 1.0, beta64 = 0.0;
@@ -203,7 +224,13 @@ Result run_one(cublasHandle_t handle, const Config& cfg, const Shape& s, int rep
                            alpha, b, cfg.cuda_type, b_k_major ? k : n, a, cfg.cuda_type, k, beta,
                            c_ref, cfg.cuda_type, n, cfg.compute, CUBLAS_GEMM_DEFAULT));
   };
-  auto ours = [&] { samattn::gemm(p, nullptr); };
+  auto ours = [&] {
+    if (who.variant != nullptr) {
+      who.variant->run(p, nullptr);
+    } else {
+      samattn::gemm(p, nullptr);
+    }
+  };
 
   ours();
   cublas();
@@ -251,57 +278,89 @@ Result run_one(cublasHandle_t handle, const Config& cfg, const Shape& s, int rep
   CUDA_OK(cudaEventDestroy(start));
   CUDA_OK(cudaEventDestroy(stop));
   for (void* ptr : {a, b, c_ours, c_ref}) CUDA_OK(cudaFree(ptr));
-  return {cfg.name, s.kind, kernel, m, n, k, median(t_ours), median(t_cublas), diff};
+  const bool wrong = !(diff <= cfg.max_rel_diff);  // NaN is wrong too
+  return {cfg.name, s.kind,         who.label,        kernel, m,    n,
+          k,        median(t_ours), median(t_cublas), diff,   wrong};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, variants = false;
   std::string json;
   int reps = 50;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--sgemm-variants")) {
+      variants = true;
     } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json = argv[++i];
     } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--sgemm-variants] [--json PATH] [--reps N]\n",
+                   argv[0]);
       return 2;
     }
   }
   std::vector<Shape> shapes;
-  const int64_t squares_full[] = {256, 512, 1024, 2048, 4096, 8192};
-  const int64_t squares_quick[] = {1024, 4096, 8192};
-  for (int64_t s : quick ? std::vector<int64_t>(std::begin(squares_quick), std::end(squares_quick))
-                         : std::vector<int64_t>(std::begin(squares_full), std::end(squares_full))) {
-    shapes.push_back({s, s, s, "square"});
-  }
+  const std::vector<int64_t> squares = quick
+                                           ? std::vector<int64_t>{1024, 4096, 8192}
+                                           : std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192};
+  for (int64_t s : squares) shapes.push_back({s, s, s, "square"});
   for (int64_t m : {16, 32, 64, 128}) {
     if (quick && (m == 32 || m == 64)) continue;
     shapes.push_back({m, 8192, 8192, "skinny"});
   }
+  // (dtype, what we run, shapes): the automatic choice in every dtype, the sm80 kernel forced
+  // in its dtypes, and the SGEMM tile configurations at the large squares.
+  struct Group {
+    Config cfg;
+    Ours who;
+    std::vector<Shape> shapes;
+  };
+  const Ours automatic{"auto", samattn::GemmBackend::kAuto, nullptr};
+  const Ours sm80{"sm80", samattn::GemmBackend::kSm80, nullptr};
+  std::vector<Group> groups;
+  for (const Config& cfg : {kBf16, kFp16, kFp32, kTf32, kFp64}) {
+    std::vector<Shape> list;
+    for (const Shape& s : shapes) {
+      // fp64 SIMT: 8192^3 alone is ~1 TFLOP; keep it to 4096 and below.
+      if (cfg.dtype == samattn::DType::kFloat64 && s.m * s.n * s.k > 4096LL * 4096 * 4096) continue;
+      list.push_back(s);
+    }
+    groups.push_back({cfg, automatic, list});
+  }
+  for (const Config& cfg : {kBf16, kFp16, kTf32}) groups.push_back({cfg, sm80, shapes});
+  if (variants) {
+    std::vector<Shape> large;
+    for (int64_t s : {4096, 8192}) large.push_back({s, s, s, "square"});
+    for (int v = 0; v < kSgemmVariantCount; ++v) {
+      const SgemmVariant& variant = kSgemmVariants[v];
+      groups.push_back({kFp32, {variant.name, samattn::GemmBackend::kSimt, &variant}, large});
+    }
+  }
+
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   cublasHandle_t handle;
   CUBLAS_OK(cublasCreate(&handle));
   std::vector<Result> results;
   std::printf("device %s; median of event-timed launches; ratio = cuBLAS time / ours\n", prop.name);
-  std::printf("%-5s %-6s %6s %6s %6s %-11s %9s %9s %7s %9s\n", "dtype", "kind", "M", "N", "K",
+  std::printf("%-5s %-6s %6s %6s %6s %-34s %9s %9s %7s %9s\n", "dtype", "kind", "M", "N", "K",
               "kernel", "ours TF/s", "cuBLAS", "ratio", "rel diff");
-  for (const Config& cfg : kConfigs) {
-    for (const Shape& s : shapes) {
-      // fp64 SIMT: 8192^3 alone is ~1 TFLOP; keep it to 4096 and below.
-      if (cfg.dtype == samattn::DType::kFloat64 && s.m * s.n * s.k > 4096LL * 4096 * 4096) continue;
-      const Result r = run_one(handle, cfg, s, reps);
+  int wrong = 0;
+  for (const Group& group : groups) {
+    for (const Shape& s : group.shapes) {
+      const Result r = run_one(handle, group.cfg, group.who, s, reps);
       results.push_back(r);
+      wrong += r.wrong;
       const double flop = 2.0 * r.m * r.n * r.k;
-      std::printf("%-5s %-6s %6lld %6lld %6lld %-11s %9.1f %9.1f %7.3f %9.2e\n", r.dtype.c_str(),
+      std::printf("%-5s %-6s %6lld %6lld %6lld %-34s %9.1f %9.1f %7.3f %9.2e%s\n", r.dtype.c_str(),
                   r.kind.c_str(), (long long)r.m, (long long)r.n, (long long)r.k, r.kernel.c_str(),
                   flop / r.ours_ms * 1e-9, flop / r.cublas_ms * 1e-9, r.cublas_ms / r.ours_ms,
-                  r.max_rel_diff);
+                  r.max_rel_diff, r.wrong ? "  WRONG" : "");
       std::fflush(stdout);
     }
   }
@@ -322,17 +381,18 @@ int main(int argc, char** argv) {
       std::fprintf(
           f,
           "    {\"dtype\": \"%s\", \"kind\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
-          "\"kernel\": \"%s\", \"ours_ms\": %.5f, \"cublas_ms\": %.5f, "
+          "\"backend\": \"%s\", \"kernel\": \"%s\", \"ours_ms\": %.5f, \"cublas_ms\": %.5f, "
           "\"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.4f, "
-          "\"max_rel_diff\": %.3e}%s\n",
+          "\"max_rel_diff\": %.3e, \"wrong\": %s}%s\n",
           r.dtype.c_str(), r.kind.c_str(), (long long)r.m, (long long)r.n, (long long)r.k,
-          r.kernel.c_str(), r.ours_ms, r.cublas_ms, flop / r.ours_ms * 1e-9,
+          r.backend.c_str(), r.kernel.c_str(), r.ours_ms, r.cublas_ms, flop / r.ours_ms * 1e-9,
           flop / r.cublas_ms * 1e-9, r.cublas_ms / r.ours_ms, r.max_rel_diff,
-          i + 1 < results.size() ? "," : "");
+          r.wrong ? "true" : "false", i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);
-    std::printf("wrote %s\n", json.c_str());
+    std::printf("wrong %d of %zu rows; wrote %s\n", wrong, results.size(), json.c_str());
   }
-  return 0;
+  if (wrong > 0) std::printf("%d rows differ from cuBLAS beyond the dtype's limit\n", wrong);
+  return wrong > 0 ? 1 : 0;
 }

@@ -1,11 +1,12 @@
 """samattn.gemm against torch.matmul (cuBLAS through torch) in one process; writes JSON.
 
-    python benchmarks/bench_gemm.py [--quick] [--json PATH]
+    python benchmarks/bench_gemm.py [--quick] [--json PATH] [--dtypes ...] [--backends ...]
 
 Row-major C = A @ B on random inputs (never zeros), A row-major, B row-major (k-major B.T for
-tf32, whose tensor-core path needs k-major operands; torch gets the same views). Each shape is
-checked against torch.matmul before timing; times are medians of CUDA-event-timed calls with
-inputs rotated past L2 (samattn.bench.timing.measure).
+tf32, whose sm90 path needs k-major operands; torch gets the same views). Every dtype runs with
+the automatic kernel choice, then the forced backends (--backends, default sm80) in the dtypes
+they run. Each shape is checked against torch.matmul before timing; times are medians of
+CUDA-event-timed calls with inputs rotated past L2 (samattn.bench.timing.measure).
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def shapes(quick: bool):
             + [("skinny", m, 8192, 8192) for m in skinny])
 
 
-def run(name: str, kind: str, m: int, n: int, k: int):
+# The dtypes each forced backend runs (the CUDA-core kernels run every dtype).
+BACKEND_DTYPES = {"sm80": ("bf16", "fp16", "tf32"), "sm90": ("bf16", "fp16", "tf32"),
+                  "simt": tuple(DTYPES)}
+
+
+def run(name: str, kind: str, m: int, n: int, k: int, backend: str = "auto"):
     dtype = DTYPES[name]
     tf32 = name == "tf32"
     bytes_per_set = (m * k + k * n + m * n) * torch.finfo(dtype).bits // 8
@@ -45,17 +51,18 @@ def run(name: str, kind: str, m: int, n: int, k: int):
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         a, b, out = inputs[0]
-        ours = samattn.gemm(a, b, allow_tf32=tf32)
+        ours = samattn.gemm(a, b, allow_tf32=tf32, backend=backend)
         theirs = torch.matmul(a, b)
         rel = ((ours.double() - theirs.double()).abs().max() / theirs.double().abs().max()).item()
-        t_ours = measure([lambda x=x: samattn.gemm(x[0], x[1], out=x[2], allow_tf32=tf32)
+        t_ours = measure([lambda x=x: samattn.gemm(x[0], x[1], out=x[2], allow_tf32=tf32,
+                                                   backend=backend)
                           for x in inputs])
         t_torch = measure([lambda x=x: torch.matmul(x[0], x[1], out=x[2]) for x in inputs])
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     flop = 2.0 * m * n * k
-    return {"dtype": name, "kind": kind, "m": m, "n": n, "k": k,
-            "kernel": samattn.gemm_kernel(a, b, allow_tf32=tf32),
+    return {"dtype": name, "kind": kind, "m": m, "n": n, "k": k, "backend": backend,
+            "kernel": samattn.gemm_kernel(a, b, allow_tf32=tf32, backend=backend),
             "ours_ms": t_ours.median_ms, "torch_ms": t_torch.median_ms,
             "ours_tflops": flop / t_ours.median_ms * 1e-9,
             "torch_tflops": flop / t_torch.median_ms * 1e-9,
@@ -67,18 +74,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default="gemm_torch.json")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32,tf32,fp64")
+    parser.add_argument("--backends", default="sm80",
+                        help="forced backends to add after auto (comma-separated, or empty)")
     args = parser.parse_args()
     results = []
     print(f"device {torch.cuda.get_device_name()}; ratio = torch time / samattn time")
-    print(f"{'dtype':5} {'kind':6} {'M':>6} {'N':>6} {'K':>6} {'kernel':11} {'ours TF/s':>9} "
-          f"{'torch':>9} {'ratio':>7} {'rel diff':>9}")
-    for name in args.dtypes.split(","):
+    print(f"{'dtype':5} {'kind':6} {'M':>6} {'N':>6} {'K':>6} {'backend':7} {'kernel':11} "
+          f"{'ours TF/s':>9} {'torch':>9} {'ratio':>7} {'rel diff':>9}")
+    dtypes = args.dtypes.split(",")
+    plan = [("auto", name) for name in dtypes]
+    for backend in filter(None, args.backends.split(",")):
+        plan += [(backend, name) for name in dtypes if name in BACKEND_DTYPES[backend]]
+    for backend, name in plan:
         for kind, m, n, k in shapes(args.quick):
             if name == "fp64" and m * n * k > 4096**3:
                 continue  # fp64 on CUDA cores: 8192^3 alone is a TFLOP
-            r = run(name, kind, m, n, k)
+            r = run(name, kind, m, n, k, backend)
             results.append(r)
-            print(f"{name:5} {kind:6} {m:6} {n:6} {k:6} {r['kernel']:11} "
+            print(f"{name:5} {kind:6} {m:6} {n:6} {k:6} {backend:7} {r['kernel']:11} "
                   f"{r['ours_tflops']:9.1f} {r['torch_tflops']:9.1f} {r['ratio']:7.3f} "
                   f"{r['max_rel_diff']:9.2e}", flush=True)
     with open(args.json, "w") as f:

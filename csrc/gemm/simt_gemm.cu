@@ -1,11 +1,13 @@
-// CUDA-core GEMM: a block computes a BM x BN tile of C from BK-deep slices of A and B staged in
-// double-buffered shared memory (A stored transposed, k-major, so both operands are read as
-// contiguous vectors along m and n); each thread owns a TM x TN register tile split into two
-// halves 64 (or BM/2) rows apart, so the threads of a warp read consecutive 16-byte vectors
-// without bank conflicts. Global loads for the next slice are issued into registers before
-// the current slice's FMAs and stored to the other buffer afterwards (one barrier per slice).
-// Any strides work: the loader walks each operand along its smaller stride, with vector loads
-// when that stride is 1 and the addresses are aligned, and bounds checks on every tail.
+// CUDA-core GEMM for float64, float16/bfloat16 and the float32 calls beyond the SGEMM's size
+// limits (csrc/gemm/simt has the fast float32 kernel): a block computes a BM x BN tile of C
+// from BK-deep slices of A and B staged in double-buffered shared memory (A stored transposed,
+// k-major, so both operands are read as contiguous vectors along m and n); each thread owns a TM x
+// TN register tile split into two halves 64 (or BM/2) rows apart, so the threads of a warp read
+// consecutive 16-byte vectors without bank conflicts. Global loads for the next slice are issued
+// into registers before the current slice's FMAs and stored to the other buffer afterwards (one
+// barrier per slice). Any strides work: the loader walks each operand along its smaller stride,
+// with vector loads when that stride is 1 and the addresses are aligned, and bounds checks on every
+// tail.
 #include <cstdint>
 #include <type_traits>
 
@@ -16,6 +18,7 @@
 #include "common/cuda_check.h"
 #include "common/element_of.cuh"
 #include "gemm/gemm_internal.h"
+#include "gemm/simt/sgemm_args.h"
 
 namespace samattn::detail {
 namespace {
@@ -267,6 +270,7 @@ void launch_simt_gemm(const GemmParams& p, cudaStream_t stream) {
     case DType::kFloat64:
       return launch_typed<DType::kFloat64>(p, stream);
     case DType::kFloat32:
+      if (simt::sgemm_supports(p)) return launch_sgemm(p, stream);
       return launch_typed<DType::kFloat32>(p, stream);
     case DType::kFloat16:
       return launch_typed<DType::kFloat16>(p, stream);

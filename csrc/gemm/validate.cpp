@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "gemm/gemm_internal.h"
 #include "samattn/gemm.h"
 
 namespace samattn {
@@ -106,7 +107,20 @@ Status can_implement_gemm(const GemmParams& p) {
   if (p.allow_tf32 && p.dtype != DType::kFloat32) {
     return fail(concat("allow_tf32 applies to float32 only, got dtype ", dtype_name(p.dtype)));
   }
-  return Status::success();
+  const int backend = static_cast<int>(p.backend);
+  if (backend < static_cast<int>(GemmBackend::kAuto) ||
+      backend > static_cast<int>(GemmBackend::kSm90)) {
+    return fail(concat("backend ", backend, " is not one of auto, simt, sm80, sm90"));
+  }
+  const bool tensor_core_dtype = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16 ||
+                                 (p.dtype == DType::kFloat32 && p.allow_tf32);
+  if ((p.backend == GemmBackend::kSm80 || p.backend == GemmBackend::kSm90) && !tensor_core_dtype) {
+    return fail(concat("backend ", gemm_backend_name(p.backend),
+                       " runs float16, bfloat16 or float32 with allow_tf32 (tensor cores), got ",
+                       dtype_name(p.dtype),
+                       p.dtype == DType::kFloat32 ? " without allow_tf32" : ""));
+  }
+  return detail::forced_gemm_backend_status(p);
 }
 
 Status can_implement_softmax(const SoftmaxParams& p) {

@@ -8,7 +8,9 @@
 
 namespace samattn {
 
-void reference_gemm(const GemmParams& p) {
+void reference_gemm(const GemmParams& params) {
+  GemmParams p = params;
+  p.backend = GemmBackend::kAuto;  // the reference has no kernel families to choose from
   const Status status = can_implement_gemm(p);
   if (!status.ok()) throw Error(status.message());
   for (int64_t l = 0; l < p.batch; ++l) {

@@ -1,6 +1,7 @@
 // The GEMM and row-softmax torch operators: CUDA kernels under the CUDA key, the fp64 reference
 // under the CPU key. A separate TORCH_LIBRARY_FRAGMENT of the samattn namespace.
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -64,6 +65,16 @@ void strides_of(const at::Tensor& t, int64_t& row, int64_t& col, int64_t& batch)
   batch = t.dim() == 3 ? t.stride(0) : 0;
 }
 
+GemmBackend to_gemm_backend(c10::string_view backend) {
+  const std::string_view name(backend.data(), backend.size());
+  if (name == "auto") return GemmBackend::kAuto;
+  if (name == "simt") return GemmBackend::kSimt;
+  if (name == "sm80") return GemmBackend::kSm80;
+  if (name == "sm90") return GemmBackend::kSm90;
+  SAMATTN_CHECK_VALUE(false, "backend must be one of 'auto', 'simt', 'sm80', 'sm90', got '", name,
+                      "'");
+}
+
 // The GemmParams of C = A B over checked operands (2-D or batched 3-D, any strides).
 GemmParams bind_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   GemmParams p;
@@ -82,11 +93,14 @@ GemmParams bind_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
 }
 
 void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha,
-              double beta, bool allow_tf32) {
+              double beta, bool allow_tf32, c10::string_view backend) {
   GemmParams p = bind_gemm(a, b, out);
   p.alpha = alpha;
   p.beta = beta;
   p.allow_tf32 = allow_tf32 && p.dtype == DType::kFloat32;
+  const GemmBackend chosen = to_gemm_backend(backend);  // the name is checked on every device
+  // CPU tensors run the fp64 reference, which has no kernel families to choose from.
+  p.backend = a.is_cuda() ? chosen : GemmBackend::kAuto;
   if (out.numel() == 0) return;
   if (p.k == 0) {  // an empty sum: C = beta * C
     if (beta == 0.0) {
@@ -110,20 +124,21 @@ void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, d
   }
 }
 
-at::Tensor gemm_op(const at::Tensor& a, const at::Tensor& b, double alpha, bool allow_tf32) {
+at::Tensor gemm_op(const at::Tensor& a, const at::Tensor& b, double alpha, bool allow_tf32,
+                   c10::string_view backend) {
   const std::vector<int64_t> shape = check_operands(a, b);
   at::Tensor out = at::empty(shape, a.options());
-  run_gemm(a, b, out, alpha, 0.0, allow_tf32);
+  run_gemm(a, b, out, alpha, 0.0, allow_tf32, backend);
   return out;
 }
 
 void gemm_out_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, double alpha,
-                 double beta, bool allow_tf32) {
+                 double beta, bool allow_tf32, c10::string_view backend) {
   const std::vector<int64_t> shape = check_operands(a, b);
   check_out(out, a, shape);
   at::assert_no_overlap(out, a);  // C is written while A and B are still read
   at::assert_no_overlap(out, b);
-  run_gemm(a, b, out, alpha, beta, allow_tf32);
+  run_gemm(a, b, out, alpha, beta, allow_tf32, backend);
 }
 
 // Softmax over the last dimension; `causal` hides column j > i of each (rows, cols) matrix of
@@ -171,7 +186,8 @@ at::Tensor softmax_op(const at::Tensor& x, double scale, bool causal) {
   return out;
 }
 
-std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_tf32) {
+std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_tf32,
+                           c10::string_view backend) {
   const std::vector<int64_t> shape = check_operands(a, b);
   TORCH_CHECK_VALUE(a.is_cuda(),
                     "samattn: gemm_kernel needs CUDA tensors; CPU tensors run "
@@ -179,6 +195,7 @@ std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_
   const at::Tensor out = at::empty(shape, a.options());
   GemmParams p = bind_gemm(a, b, out);
   p.allow_tf32 = allow_tf32 && p.dtype == DType::kFloat32;
+  p.backend = to_gemm_backend(backend);
   const c10::cuda::CUDAGuard guard(a.device());
   try {
     return selected_gemm_kernel(p);
@@ -190,12 +207,14 @@ std::string gemm_kernel_op(const at::Tensor& a, const at::Tensor& b, bool allow_
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(samattn, m) {
-  m.def("gemm(Tensor a, Tensor b, float alpha=1.0, bool allow_tf32=False) -> Tensor");
+  m.def(
+      "gemm(Tensor a, Tensor b, float alpha=1.0, bool allow_tf32=False, str backend='auto') -> "
+      "Tensor");
   m.def(
       "gemm_out(Tensor a, Tensor b, Tensor(a!) out, float alpha=1.0, float beta=0.0, "
-      "bool allow_tf32=False) -> ()");
+      "bool allow_tf32=False, str backend='auto') -> ()");
   m.def("softmax(Tensor x, float scale=1.0, bool causal=False) -> Tensor");
-  m.def("gemm_kernel(Tensor a, Tensor b, bool allow_tf32=False) -> str");
+  m.def("gemm_kernel(Tensor a, Tensor b, bool allow_tf32=False, str backend='auto') -> str");
 }
 
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {

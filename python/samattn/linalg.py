@@ -2,7 +2,8 @@
 
 samattn.gemm runs samattn's own GEMM kernels (CUDA) or the fp64 reference (CPU): the sm_90a
 wgmma/TMA kernel for float16/bfloat16 (and float32 with allow_tf32=True) on Hopper when the
-layout suits TMA, the CUDA-core kernel otherwise (float32 stays IEEE by default).
+layout suits TMA, else the sm80 mma.sync tensor-core kernel for those dtypes on sm80+, else the
+CUDA-core kernels (float32 stays IEEE by default). backend= forces one family.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ Tensor = torch.Tensor
 
 
 @torch.library.register_fake("samattn::gemm")
-def _gemm_fake(a, b, alpha=1.0, allow_tf32=False):
+def _gemm_fake(a, b, alpha=1.0, allow_tf32=False, backend="auto"):
     return a.new_empty((*a.shape[:-1], b.shape[-1]))
 
 
 @torch.library.register_fake("samattn::gemm_out")
-def _gemm_out_fake(a, b, out, alpha=1.0, beta=0.0, allow_tf32=False):
+def _gemm_out_fake(a, b, out, alpha=1.0, beta=0.0, allow_tf32=False, backend="auto"):
     return None
 
 
@@ -33,7 +34,7 @@ def _softmax_fake(x, scale=1.0, causal=False):
 
 
 def gemm(a: Tensor, b: Tensor, *, out: Optional[Tensor] = None, alpha: float = 1.0,
-         beta: float = 0.0, allow_tf32: bool = False) -> Tensor:
+         beta: float = 0.0, allow_tf32: bool = False, backend: str = "auto") -> Tensor:
     """alpha * a @ b (+ beta * out when out is given and beta != 0).
 
     a: (M, K) or (batch, M, K); b: (K, N) or (batch, K, N), same dtype (float64, float32,
@@ -42,19 +43,26 @@ def gemm(a: Tensor, b: Tensor, *, out: Optional[Tensor] = None, alpha: float = 1
     inputs' dtype. allow_tf32 lets float32 run on tensor cores in TF32.
     out: written in place and returned; must have the result's shape, dtype and device.
     With beta == 0 out is never read (NaN in it does not propagate).
+    backend: "auto" (the fastest kernel that fits), "sm90" (wgmma + TMA: float16/bfloat16, or
+    float32 with allow_tf32 and k-major operands; compute capability 9.0, 16-byte aligned
+    layouts), "sm80" (mma.sync tensor cores: float16/bfloat16, or float32 with allow_tf32; any
+    layout; compute capability 8.0+) or "simt" (CUDA cores, every dtype, IEEE float32). A forced
+    backend that cannot run the call raises ValueError saying why. CPU tensors run the fp64
+    reference whatever the backend.
     """
     if out is None:
         if beta != 0.0:
             raise ValueError("samattn.gemm: beta needs out= (the C it scales), got beta="
                              f"{beta} without out")
-        return ops.gemm(a, b, alpha, allow_tf32)
-    ops.gemm_out(a, b, out, alpha, beta, allow_tf32)
+        return ops.gemm(a, b, alpha, allow_tf32, backend)
+    ops.gemm_out(a, b, out, alpha, beta, allow_tf32, backend)
     return out
 
 
-def gemm_kernel(a: Tensor, b: Tensor, *, allow_tf32: bool = False) -> str:
-    """The kernel samattn.gemm runs for these CUDA tensors: 'sm90_wgmma', 'simt' or 'simt_fp64'."""
-    return ops.gemm_kernel(a, b, allow_tf32)
+def gemm_kernel(a: Tensor, b: Tensor, *, allow_tf32: bool = False, backend: str = "auto") -> str:
+    """The kernel samattn.gemm runs for these CUDA tensors: 'sm90_wgmma', 'sm80_mma', 'simt' or
+    'simt_fp64'."""
+    return ops.gemm_kernel(a, b, allow_tf32, backend)
 
 
 def softmax(x: Tensor, *, scale: float = 1.0, causal: bool = False) -> Tensor:

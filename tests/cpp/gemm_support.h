@@ -2,8 +2,9 @@
 // the error bound of a dtype (deterministic, per element):
 //   |c - ref| <= u_out |ref| + (K + 2) u_acc (|alpha| (|A||B|)_ij + |beta| |C_ij|)
 // where u_out rounds the output to its dtype and u_acc is the accumulator's unit roundoff
-// (2^-24 for IEEE float, doubled for tensor-core accumulation, which may truncate; 2^-53 for
-// float64). TF32 adds its own input truncation, 2 * 2^-10 of |alpha| (|A||B|)_ij.
+// (2^-24 for IEEE float, doubled for tensor-core accumulation (sm90_wgmma, sm80_mma), which may
+// truncate; 2^-53 for float64). TF32 adds its own input rounding, 2 * 2^-10 of |alpha| (|A||B|)_ij
+// (truncation by the wgmma path, round-to-nearest by the mma.sync path: both below 2^-10).
 #pragma once
 
 #include <cmath>
@@ -24,6 +25,7 @@ struct GemmLayout {
   bool broadcast_b = false;  // B's batch stride 0
   double alpha = 1.0, beta = 0.0;
   bool allow_tf32 = false;
+  GemmBackend backend = GemmBackend::kAuto;
 };
 
 struct GemmProblem {
@@ -44,6 +46,7 @@ struct GemmProblem {
     p.alpha = l.alpha;
     p.beta = l.beta;
     p.allow_tf32 = l.allow_tf32;
+    p.backend = l.backend;
     const int64_t lda = (l.trans_a ? m : k) + l.pad, ldb = (l.trans_b ? k : n) + l.pad;
     const int64_t ldc = (l.c_col_major ? m : n) + l.pad;
     const int64_t a_size = (l.trans_a ? k : m) * lda, b_size = (l.trans_b ? n : k) * ldb;
@@ -83,7 +86,7 @@ struct GemmProblem {
 
   // The exact product in fp64 (in C's storage, not rounded to the dtype: the kernel's output
   // is rounded once, and the bound's u_out term covers that) and the per-element error bound
-  // of `kernel` ("simt", "simt_fp64", "sm90_wgmma").
+  // of `kernel` ("simt", "simt_fp64", "sm90_wgmma", "sm80_mma").
   void expected(HostTensor& ref, std::vector<double>& bound, const std::string& kernel) const {
     HostTensor a64(DType::kFloat64, a.size()), b64(DType::kFloat64, b.size());
     for (int64_t i = 0; i < a.size(); ++i) a64.set(i, a.get(i));
@@ -130,9 +133,10 @@ struct GemmProblem {
         u_acc = std::ldexp(1.0, -24);
         break;
     }
-    if (kernel == "sm90_wgmma") u_acc *= 2;
-    // TF32 wgmma reads the top 19 bits of each float32 input (truncation: < 2^-10 relative).
-    if (kernel == "sm90_wgmma" && dtype == DType::kFloat32) u_in = 2 * std::ldexp(1.0, -10);
+    const bool tensor_cores = kernel == "sm90_wgmma" || kernel == "sm80_mma";
+    if (tensor_cores) u_acc *= 2;
+    // TF32 keeps 10 mantissa bits of each float32 input (< 2^-10 relative either way).
+    if (tensor_cores && dtype == DType::kFloat32) u_in = 2 * std::ldexp(1.0, -10);
     bound.assign(c.size(), 0.0);
     const double gamma = (k + 2) * u_acc;
     for (int64_t l = 0; l < params.batch; ++l) {

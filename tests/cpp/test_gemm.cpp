@@ -144,6 +144,40 @@ TEST(GemmValidation, NamesTheBadField) {
   expect_gemm_error(p, "dtype");
 }
 
+TEST(GemmValidation, ForcedBackendsNameWhatTheyRun) {
+  float buffer[64] = {};
+  const GemmParams good =
+      make_row_major_gemm(DType::kFloat32, buffer, buffer + 16, buffer + 32, 4, 4, 4);
+  // Checked from the fields alone (before any device query), so no GPU is needed.
+  GemmParams p = good;
+  p.backend = GemmBackend::kSm80;
+  Status status = can_implement_gemm(p);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("backend sm80 runs float16, bfloat16 or float32 with allow_tf32"),
+            std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("got float32 without allow_tf32"), std::string::npos);
+  EXPECT_THROW(gemm(p, nullptr), Error);
+  p.dtype = DType::kFloat64;
+  p.backend = GemmBackend::kSm90;
+  status = can_implement_gemm(p);
+  EXPECT_NE(status.message().find("backend sm90 runs"), std::string::npos) << status.message();
+  p = good;
+  p.backend = static_cast<GemmBackend>(9);
+  status = can_implement_gemm(p);
+  EXPECT_NE(status.message().find("backend 9 is not one of auto, simt, sm80, sm90"),
+            std::string::npos)
+      << status.message();
+  p = good;
+  p.backend = GemmBackend::kSimt;  // every dtype runs on CUDA cores
+  EXPECT_TRUE(can_implement_gemm(p).ok()) << can_implement_gemm(p).message();
+  // The reference has no backends: it ignores the choice.
+  p.backend = GemmBackend::kSm80;
+  EXPECT_NO_THROW(reference_gemm(p));
+  EXPECT_STREQ(gemm_backend_name(GemmBackend::kSm80), "sm80");
+  EXPECT_STREQ(gemm_backend_name(GemmBackend::kAuto), "auto");
+}
+
 TEST(GemmValidation, GemmThrowsBeforeAnyLaunch) {
   GemmParams p = make_row_major_gemm(DType::kFloat32, nullptr, nullptr, nullptr, 4, 4, 4);
   EXPECT_THROW(gemm(p, nullptr), Error);  // no GPU needed: validation runs first

@@ -1,6 +1,8 @@
 // GPU tests of gemm() and softmax() against the fp64 reference: every dtype, sizes 1, 7, 129,
 // 1000 in M, N and K independently, transposes, padded leading dimensions, batches, a
-// broadcast B, alpha/beta, TF32, and C poisoned with NaN whenever beta == 0. Skip without a GPU.
+// broadcast B, alpha/beta, TF32, and C poisoned with NaN whenever beta == 0; the same cases
+// with each kernel family forced (sm80 mma.sync for float16/bfloat16/TF32, the CUDA-core
+// kernels for float16/bfloat16). Skip without a GPU (and the sm80 cases below sm80).
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -34,7 +36,17 @@ std::vector<GemmCase> gemm_cases() {
   cases.push_back({"all7", 7, 7, 7, {}});
   cases.push_back({"all129", 129, 129, 129, {}});
   cases.push_back({"big_1000_129_1000", 1000, 129, 1000, {}});
+  cases.push_back({"raster_2100_300_64", 2100, 300, 64, {}});  // 17 row tiles: 3 raster groups
   GemmLayout l;
+  // K tails with aligned leading dimensions (16-byte copies that end inside a chunk), and
+  // M/N tails of mn-major operands.
+  l.trans_b = true;
+  l.pad = 7;
+  cases.push_back({"k_tail_aligned_k_major", 200, 264, 1001, l});
+  l = {};
+  l.trans_a = true;
+  l.pad = 7;
+  cases.push_back({"mn_tail_aligned_mn_major", 129, 257, 77, l});
   // Layouts on an aligned shape (the tensor-core path where the dtype has one) and on a ragged one.
   const std::tuple<const char*, int64_t, int64_t, int64_t> shapes[] = {{"aligned", 256, 264, 200},
                                                                        {"ragged", 129, 7, 1000}};
@@ -81,10 +93,11 @@ std::vector<GemmCase> gemm_cases() {
 
 class GemmGpu : public ::testing::TestWithParam<std::tuple<DType, GemmCase>> {};
 
-void run_and_check(GemmProblem& problem) {
+void run_and_check(GemmProblem& problem, const char* expected_kernel = nullptr) {
   DeviceBuffer da(problem.a), db(problem.b), dc(problem.c);
   problem.bind(da.get(), db.get(), dc.get());
   const std::string kernel = selected_gemm_kernel(problem.params);
+  if (expected_kernel != nullptr) ASSERT_EQ(kernel, expected_kernel);
   gemm(problem.params, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   HostTensor out = problem.c;
@@ -109,6 +122,103 @@ INSTANTIATE_TEST_SUITE_P(AllDtypes, GemmGpu,
                                             ::testing::ValuesIn(gemm_cases())),
                          case_name);
 
+int compute_capability_major() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
+// The sm80 mma.sync kernel forced, in every dtype it runs (float32 in TF32), on every case.
+class GemmGpuSm80 : public ::testing::TestWithParam<std::tuple<DType, GemmCase>> {};
+
+TEST_P(GemmGpuSm80, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  if (compute_capability_major() < 8) GTEST_SKIP() << "the sm80 kernel needs sm80+";
+  const auto& [dtype, c] = GetParam();
+  GemmLayout layout = c.layout;
+  layout.backend = GemmBackend::kSm80;
+  layout.allow_tf32 = dtype == DType::kFloat32;
+  GemmProblem problem(c.m, c.n, c.k, dtype, layout, std::hash<std::string>{}(c.name) + 1);
+  run_and_check(problem, "sm80_mma");
+}
+
+std::string forced_case_name(const ::testing::TestParamInfo<GemmGpuSm80::ParamType>& info) {
+  const DType dtype = std::get<0>(info.param);
+  return std::string(dtype == DType::kFloat32 ? "tf32" : dtype_name(dtype)) + "_" +
+         std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Forced, GemmGpuSm80,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16,
+                                                              DType::kFloat32),
+                                            ::testing::ValuesIn(gemm_cases())),
+                         forced_case_name);
+
+// The CUDA-core kernel forced for the 16-bit dtypes (auto runs them on tensor cores).
+class GemmGpuSimt : public ::testing::TestWithParam<std::tuple<DType, GemmCase>> {};
+
+TEST_P(GemmGpuSimt, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& [dtype, c] = GetParam();
+  GemmLayout layout = c.layout;
+  layout.backend = GemmBackend::kSimt;
+  GemmProblem problem(c.m, c.n, c.k, dtype, layout, std::hash<std::string>{}(c.name) + 2);
+  run_and_check(problem, "simt");
+}
+
+INSTANTIATE_TEST_SUITE_P(Forced, GemmGpuSimt,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                                            ::testing::ValuesIn(gemm_cases())),
+                         case_name);
+
+TEST(GemmGpuKernels, AutoPicksTheFastestFamilyThatFits) {
+  SKIP_WITHOUT_GPU();
+  const int major = compute_capability_major();
+  GemmLayout odd;
+  odd.pad = 3;  // leading dimensions off the 16-byte grid: never TMA
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    GemmProblem aligned(256, 256, 256, dtype, GemmLayout{}, 1);
+    GemmProblem misaligned(256, 256, 256, dtype, odd, 1);
+    if (major >= 8) EXPECT_STREQ(selected_gemm_kernel(misaligned.params), "sm80_mma");
+    if (major == 9) EXPECT_STREQ(selected_gemm_kernel(aligned.params), "sm90_wgmma");
+  }
+  GemmLayout tf32_rows;  // row-major B: not the TF32 wgmma layout
+  tf32_rows.allow_tf32 = true;
+  GemmProblem tf32(256, 256, 256, DType::kFloat32, tf32_rows, 1);
+  if (major >= 8) EXPECT_STREQ(selected_gemm_kernel(tf32.params), "sm80_mma");
+}
+
+TEST(GemmGpuKernels, ForcedBackendsRunOrSayWhyNot) {
+  SKIP_WITHOUT_GPU();
+  const int major = compute_capability_major();
+  GemmLayout sm80;
+  sm80.backend = GemmBackend::kSm80;
+  GemmProblem forced(64, 64, 64, DType::kBFloat16, sm80, 1);
+  if (major >= 8) {
+    EXPECT_STREQ(selected_gemm_kernel(forced.params), "sm80_mma");
+  } else {
+    const Status status = can_implement_gemm(forced.params);
+    EXPECT_NE(status.message().find("compute capability 8.0"), std::string::npos)
+        << status.message();
+  }
+  GemmLayout sm90;
+  sm90.backend = GemmBackend::kSm90;
+  sm90.pad = 3;  // misaligned: TMA cannot take it
+  GemmProblem misaligned(64, 64, 64, DType::kFloat16, sm90, 1);
+  const Status status = can_implement_gemm(misaligned.params);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("backend sm90"), std::string::npos) << status.message();
+  EXPECT_THROW(gemm(misaligned.params, nullptr), Error);
+  GemmLayout simt;
+  simt.backend = GemmBackend::kSimt;
+  simt.allow_tf32 = true;  // permission only: the forced CUDA-core kernel stays IEEE
+  GemmProblem ieee(64, 64, 64, DType::kFloat32, simt, 1);
+  EXPECT_STREQ(selected_gemm_kernel(ieee.params), "simt");
+}
+
 TEST(GemmGpuTf32, MatchesReferenceWithinTf32Bound) {
   SKIP_WITHOUT_GPU();
   for (const auto& [m, n, k] :
@@ -118,7 +228,7 @@ TEST(GemmGpuTf32, MatchesReferenceWithinTf32Bound) {
     l.allow_tf32 = true;
     GemmProblem problem(m, n, k, DType::kFloat32, l, 5);
     run_and_check(problem);
-    GemmLayout rows;  // row-major B: falls back to the IEEE kernel
+    GemmLayout rows;  // row-major B: the sm80 TF32 kernel (sm80+), else the IEEE kernel
     rows.allow_tf32 = true;
     GemmProblem other(m, n, k, DType::kFloat32, rows, 6);
     run_and_check(other);

@@ -2,8 +2,8 @@
 
 GEMM bound (per element, deterministic): |c - ref| <= u_out |ref| + (K + 2) u_acc
 (|alpha| (|A||B|) + |beta| |C|), u_out the output dtype's unit roundoff, u_acc float32's (x2 on
-tensor cores, whose accumulation may truncate) or float64's; TF32 (inputs truncated to 10
-mantissa bits by the tensor cores) adds 2 * 2^-10 |alpha| |A||B|.
+tensor cores, whose accumulation may truncate) or float64's; TF32 (inputs cut to 10 mantissa
+bits by the tensor cores) adds 2 * 2^-10 |alpha| |A||B|.
 """
 
 import math
@@ -14,6 +14,7 @@ import torch
 import samattn
 from helpers import ALL_DTYPES, HAS_CUDA, assert_close, reference_attention, requires_cuda
 
+TENSOR_CORE_KERNELS = ("sm90_wgmma", "sm80_mma")
 _U_OUT = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11,
           torch.bfloat16: 2.0**-8}
 
@@ -33,11 +34,12 @@ def assert_gemm_close(out, a, b, *, alpha=1.0, beta=0.0, c=None, kernel="simt", 
         ref = ref + src
     prod = abs(alpha) * (a64.abs() @ b64.abs())
     u_acc = 2.0**-53 if dtype == torch.float64 else 2.0**-24
-    if kernel == "sm90_wgmma":
+    tensor_cores = kernel in TENSOR_CORE_KERNELS
+    if tensor_cores:
         u_acc *= 2
     k = a.shape[-1]
     accumulated = ((k + 2) * u_acc * (prod + src.abs())
-                   + (2 * 2.0**-10 * prod if tf32 and kernel == "sm90_wgmma" else 0.0))
+                   + (2 * 2.0**-10 * prod if tf32 and tensor_cores else 0.0))
     bound = _U_OUT[dtype] * ref.abs() + (1 + _U_OUT[dtype]) * accumulated
     if dtype == torch.float16:
         bound = bound + 2.0**-24  # subnormal grid
@@ -106,6 +108,20 @@ def test_gemm_bad_input_raises_named_error(name, mutate, error, message):
         samattn.gemm(*mutate(a, b))
 
 
+def test_gemm_bad_backend_name_raises():
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'simt', 'sm80', 'sm90', "
+                                         "got 'tensor_core'"):
+        samattn.gemm(a, b, backend="tensor_core")
+
+
+def test_cpu_gemm_ignores_backend():
+    """CPU tensors run the fp64 reference whatever backend is asked for."""
+    a, b = _rand(5, 9, dtype=torch.float32, seed=13), _rand(9, 4, dtype=torch.float32, seed=14)
+    for backend in ("simt", "sm80", "sm90"):
+        assert_gemm_close(samattn.gemm(a, b, backend=backend), a, b)
+
+
 def test_gemm_bad_out_is_rejected_and_untouched():
     a, b = torch.randn(4, 3), torch.randn(3, 5)
     for out, message in [(torch.zeros(4, 6), r"out must have shape \[4, 5\], got \[4, 6\]"),
@@ -172,11 +188,8 @@ def test_gpu_gemm_matches_reference(dtype, m, n, k):
 LAYOUTS = ["nn", "tn", "nt", "tt", "c_t", "batched", "broadcast", "alpha_beta", "padded"]
 
 
-@requires_cuda
-@pytest.mark.parametrize("dtype", ALL_DTYPES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("m,n,k", [(256, 264, 200), (129, 7, 1000)])
-def test_gpu_gemm_layouts(dtype, layout, m, n, k):
+def _layout_operands(layout, dtype, m, n, k):
+    """A, B and out (poisoned unless beta != 0) in `layout`, with its alpha and beta."""
     def make(rows, cols, transposed, seed, batch=None):
         shape = (cols, rows) if transposed else (rows, cols)
         if batch is not None:
@@ -200,7 +213,15 @@ def test_gpu_gemm_layouts(dtype, layout, m, n, k):
         out = _rand(*out_shape, dtype=dtype, device="cuda", seed=5)
     else:
         out = torch.full(out_shape, float("nan"), dtype=dtype, device="cuda")
-    c0 = out.clone()
+    return a, b, out, out.clone(), alpha, beta
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", [(256, 264, 200), (129, 7, 1000)])
+def test_gpu_gemm_layouts(dtype, layout, m, n, k):
+    a, b, out, c0, alpha, beta = _layout_operands(layout, dtype, m, n, k)
     kernel = samattn.gemm_kernel(a, b)
     samattn.gemm(a, b, out=out, alpha=alpha, beta=beta)
     assert_gemm_close(out, a, b, alpha=alpha, beta=beta, c=c0, kernel=kernel)
@@ -226,6 +247,96 @@ def test_gpu_sm90_path_taken_for_aligned_16bit():
         assert samattn.gemm_kernel(a, a) == "sm90_wgmma"
         assert samattn.gemm_kernel(a, a.T) == "sm90_wgmma"
         assert samattn.gemm_kernel(a.T, a) == "sm90_wgmma"
+
+
+def _capability_major():
+    return torch.cuda.get_device_capability()[0] if HAS_CUDA else 0
+
+
+# Each forced kernel family in each dtype it runs: (backend, dtype, allow_tf32, kernel name).
+FORCED = [("sm80", torch.float16, False, "sm80_mma"), ("sm80", torch.bfloat16, False, "sm80_mma"),
+          ("sm80", torch.float32, True, "sm80_mma"), ("simt", torch.float16, False, "simt"),
+          ("simt", torch.bfloat16, False, "simt"), ("simt", torch.float32, False, "simt")]
+FORCED_IDS = [f"{b}-{'tf32' if t else str(d).split('.')[-1]}" for b, d, t, _ in FORCED]
+
+
+def _skip_unless_runs(backend):
+    if backend == "sm80" and _capability_major() < 8:
+        pytest.skip("the sm80 kernel needs compute capability 8.0+")
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend,dtype,tf32,kernel", FORCED, ids=FORCED_IDS)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_gpu_gemm_forced_backend_matches_reference(backend, dtype, tf32, kernel, m, n, k):
+    _skip_unless_runs(backend)
+    a = _rand(m, k, dtype=dtype, device="cuda", seed=m + 3 * n + 7 * k + 1)
+    b = _rand(k, n, dtype=dtype, device="cuda", seed=m + n + k + 1)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    assert samattn.gemm_kernel(a, b, allow_tf32=tf32, backend=backend) == kernel
+    samattn.gemm(a, b, out=out, allow_tf32=tf32, backend=backend)
+    assert_gemm_close(out, a, b, kernel=kernel, tf32=tf32)
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend,dtype,tf32,kernel", FORCED[:3], ids=FORCED_IDS[:3])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", [(256, 264, 200), (129, 7, 1000), (200, 136, 1001)])
+def test_gpu_gemm_forced_sm80_layouts(backend, dtype, tf32, kernel, layout, m, n, k):
+    """Every operand layout (k-major and mn-major A and B, column-major C, batches, a broadcast
+    B, padded rows) on the sm80 kernel, with aligned and ragged sizes and a K tail."""
+    _skip_unless_runs(backend)
+    a, b, out, c0, alpha, beta = _layout_operands(layout, dtype, m, n, k)
+    assert samattn.gemm_kernel(a, b, allow_tf32=tf32, backend=backend) == kernel
+    samattn.gemm(a, b, out=out, alpha=alpha, beta=beta, allow_tf32=tf32, backend=backend)
+    assert_gemm_close(out, a, b, alpha=alpha, beta=beta, c=c0, kernel=kernel, tf32=tf32)
+
+
+@requires_cuda
+def test_gpu_gemm_forced_backend_errors_say_why():
+    a = torch.randn(64, 64, device="cuda")
+    with pytest.raises(ValueError, match="backend sm80 runs float16, bfloat16 or float32 with "
+                                         "allow_tf32"):
+        samattn.gemm(a, a, backend="sm80")
+    with pytest.raises(ValueError, match="backend sm90 runs"):
+        samattn.gemm(a.double(), a.double(), backend="sm90")
+    odd = torch.randn(64, 67, device="cuda", dtype=torch.float16)[:, :64]  # rows off 16 bytes
+    with pytest.raises(ValueError, match="backend sm90 cannot run this GEMM"):
+        samattn.gemm(odd, odd.T, backend="sm90")
+    out = torch.zeros(64, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="backend sm90"):
+        samattn.gemm(odd, odd.T, out=out, backend="sm90")
+    assert not out.any(), "nothing may be written when the call is rejected"
+
+
+@requires_cuda
+def test_gpu_auto_uses_sm80_where_sm90_cannot():
+    if _capability_major() < 8:
+        pytest.skip("sm80+ only")
+    odd = torch.randn(96, 99, device="cuda", dtype=torch.bfloat16)[:, :96]
+    assert samattn.gemm_kernel(odd, odd) == "sm80_mma"
+    rows = torch.randn(96, 96, device="cuda")
+    assert samattn.gemm_kernel(rows, rows, allow_tf32=True) in TENSOR_CORE_KERNELS
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend,dtype,tf32,kernel", FORCED, ids=FORCED_IDS)
+@pytest.mark.parametrize("m,n,k", [(512, 512, 512), (16, 4096, 1024), (333, 77, 515)])
+def test_gpu_forced_backend_cross_check_with_cublas(backend, dtype, tf32, kernel, m, n, k):
+    """torch.matmul (cuBLAS, TF32 when tf32) as a second opinion on each forced kernel: both
+    within the bound of the fp64 reference."""
+    _skip_unless_runs(backend)
+    a = _rand(m, k, dtype=dtype, device="cuda", seed=21)
+    b = _rand(k, n, dtype=dtype, device="cuda", seed=22)
+    ours = samattn.gemm(a, b, allow_tf32=tf32, backend=backend)
+    assert_gemm_close(ours, a, b, kernel=kernel, tf32=tf32)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        theirs = a @ b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    assert_gemm_close(theirs, a, b, kernel="sm90_wgmma", tf32=tf32)
 
 
 @requires_cuda
@@ -320,6 +431,7 @@ def test_ops_pass_opcheck(device):
     b = torch.randn(3, 8, 16, device=device)
     out = torch.empty(3, 4, 16, device=device)
     for op, args in [(torch.ops.samattn.gemm.default, (a, b, 0.5, False)),
+                     (torch.ops.samattn.gemm.default, (a, b, 0.5, False, "simt")),
                      (torch.ops.samattn.gemm_out.default, (a, b, out, 1.0, 0.0, False)),
                      (torch.ops.samattn.softmax.default, (a, 0.5, True))]:
         result = torch.library.opcheck(op, args)

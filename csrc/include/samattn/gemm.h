@@ -16,6 +16,17 @@
 
 namespace samattn {
 
+// Which kernel family runs a GEMM. kAuto picks the fastest that supports the call: kSm90
+// (sm_90a wgmma + TMA: float16/bfloat16, or float32 with allow_tf32 and both operands
+// k-major; compute capability 9.0, TMA-aligned layouts), else kSm80 (mma.sync tensor cores,
+// the same dtypes, any layout, compute capability 8.0+), else kSimt (CUDA cores, every dtype;
+// float32 stays IEEE unless allow_tf32). Forcing kSm80 or kSm90 on a call or device they
+// cannot run is an error; forcing kSimt always works.
+enum class GemmBackend : int { kAuto, kSimt, kSm80, kSm90 };
+
+// "auto", "simt", "sm80", "sm90".
+const char* gemm_backend_name(GemmBackend backend);
+
 struct GemmParams {
   const void* a = nullptr;
   const void* b = nullptr;
@@ -39,6 +50,7 @@ struct GemmParams {
   // float32 only: let tensor cores compute in TF32 (10-bit mantissa inputs). Off by default, so
   // float32 stays IEEE unless the caller opts in.
   bool allow_tf32 = false;
+  GemmBackend backend = GemmBackend::kAuto;
 };
 
 // Row-major contiguous params for C = A B with A (M x K), B (K x N), C (M x N) (batch 1).
@@ -46,15 +58,16 @@ GemmParams make_row_major_gemm(DType dtype, const void* a, const void* b, void* 
                                int64_t n, int64_t k);
 
 // Checks every field without launching anything; a failed status names the field and the
-// expected value, as gemm() would throw it.
+// expected value, as gemm() would throw it. A forced kSm80/kSm90 backend is also checked
+// against the current device and the layout (which needs a CUDA device).
 Status can_implement_gemm(const GemmParams& params);
 
 // Runs the GEMM on `stream` (device pointers). Throws samattn::Error on invalid parameters
 // (before any launch) and on CUDA errors.
 void gemm(const GemmParams& params, cudaStream_t stream);
 
-// The kernel gemm() runs for `params` on the current device: "sm90_wgmma", "simt" or
-// "simt_fp64" (for logs, tests and benchmarks).
+// The kernel gemm() runs for `params` on the current device: "sm90_wgmma", "sm80_mma",
+// "simt" or "simt_fp64" (for logs, tests and benchmarks). Throws as gemm() would.
 const char* selected_gemm_kernel(const GemmParams& params);
 
 // The fp64 CPU reference: host pointers, same parameters. Accumulates in double and rounds the

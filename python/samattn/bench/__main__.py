@@ -1,8 +1,9 @@
 """python -m samattn.bench [suite ...] [--quick] [--out DIR]
 
 Side-by-side benchmarks of samattn against torch SDPA's backends, FlexAttention and naive
-PyTorch, each output checked against an fp64 reference before it is timed. Prints a table and
-writes JSON, CSV and PNG plots into --out. Suites: default, attention, strided, small, masks, all.
+PyTorch, each output checked against an fp64 reference before it is timed, and samattn.gemm
+against torch.matmul (cuBLAS). Prints a table and writes JSON, CSV and PNG plots into --out.
+Suites: default, attention, strided, small, masks, gemm, all.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from samattn.bench.suites import PENDING, SUITES
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m samattn.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    suites = list(SUITES) + ["masks", "gemm"] + list(PENDING)
     parser.add_argument("suites", nargs="*", default=["default"],
-                        help=f"any of {', '.join(list(SUITES) + ['masks'] + list(PENDING))}, all")
+                        help=f"any of {', '.join(suites)}, all")
     parser.add_argument("--quick", action="store_true", help="fewer configurations and reps")
     parser.add_argument("--out", default="bench-results", help="output directory")
     parser.add_argument("--methods", help="comma-separated subset of methods to run")
@@ -43,14 +45,15 @@ def main(argv=None) -> int:
         if name in PENDING:
             print(f"suite {name}: n/a ({PENDING[name]})")
             continue
-        if name == "masks":
-            from samattn.bench import masks
+        if name in ("masks", "gemm"):
+            from samattn.bench import gemm, masks
 
-            def mask_progress(row):
+            def case_progress(row):
                 status = f"{row['ms']:.3f} ms" if row.get("status") == "ok" else row["status"]
                 print(f"{row['label']}  {row['method']}: {status}", flush=True)
 
-            suite_rows = masks.run(args.quick, mask_progress)
+            suite = masks if name == "masks" else gemm
+            suite_rows = suite.run(args.quick, case_progress)
             for row in suite_rows:
                 row["suite"] = name
             rows += suite_rows

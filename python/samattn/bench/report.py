@@ -92,7 +92,7 @@ def plot(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
     groups = {}
     for row in rows:
         # Latency rows (small shapes, host time) are not comparable with device-time rows.
-        if (row.get("status") == "ok" and row["kv_stride"] == 1 and "mask" not in row
+        if (row.get("status") == "ok" and row.get("kv_stride") == 1 and "mask" not in row
                 and row.get("timing") != "host latency"):
             key = (row["dtype"], row["head_dim"], row["causal"], row["direction"])
             groups.setdefault(key, []).append(row)

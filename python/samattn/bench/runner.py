@@ -151,9 +151,10 @@ def speedups(rows: List[dict], ours: str = "samattn") -> None:
     """Adds speedup_vs_<method> to each of our rows, per configuration."""
     by_config = {}
     for row in rows:
-        key = tuple((k, row[k]) for k in ("batch", "heads", "heads_kv", "seqlen", "head_dim",
-                                          "dtype", "causal", "kv_stride", "direction"))
-        key += (("mask", row.get("mask")),)  # masks-suite rows compare within their case
+        key = tuple((k, row.get(k)) for k in ("batch", "heads", "heads_kv", "seqlen", "head_dim",
+                                              "dtype", "causal", "kv_stride", "direction"))
+        # masks-suite and gemm-suite rows compare within their case
+        key += (("mask", row.get("mask")), ("gemm", row.get("gemm")))
         by_config.setdefault(key, []).append(row)
     for group in by_config.values():
         mine = [r for r in group if r["method"].startswith(ours) and r.get("status") == "ok"]

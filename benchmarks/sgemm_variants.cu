@@ -1,0 +1,25 @@
+// The fp32 SGEMM tile configurations bench_gemm --sgemm-variants measures against cuBLAS, each
+// its own instantiation of the library's kernel (the library ships one of them: ShippedSgemm
+// in csrc/gemm/simt/sgemm_args.h). Benchmark-only: not part of the library build.
+#include "sgemm_variants.h"
+
+#include "gemm/simt/sgemm_launch.cuh"
+
+namespace {
+
+using namespace samattn::detail::simt;
+
+template <typename Cfg>
+void run(const samattn::GemmParams& params, cudaStream_t stream) {
+  launch_sgemm<Cfg>(params, stream);
+}
+
+}  // namespace
+
+const SgemmVariant kSgemmVariants[] = {
+    {"128x128x8_w64x32_t8x8", &run<Sgemm128x128x8>},
+    {"128x128x16_w64x32_t8x8", &run<Sgemm128x128x16>},
+    {"128x128x8_w64x64_t8x16", &run<Sgemm128x128x8Lane8x16>},
+    {"128x256x8_w64x64_t8x16", &run<Sgemm128x256x8>},
+};
+const int kSgemmVariantCount = sizeof(kSgemmVariants) / sizeof(kSgemmVariants[0]);

@@ -1,0 +1,108 @@
+// Internal: the fp32 SGEMM's kernel arguments and tile configurations (host and device).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/host_device.h"
+#include "samattn/gemm.h"
+
+namespace samattn::detail::simt {
+
+// The problem as the kernel sees it: C row-major-like (the smaller of C's strides is the
+// column stride; a column-major C runs as C^T = B^T A^T) and m, n, k below 2^31.
+struct SgemmArgs {
+  const float* a;
+  const float* b;
+  float* c;
+  int m, n, k;
+  int64_t a_rs, a_cs, a_bs, b_rs, b_cs, b_bs, c_rs, c_cs, c_bs;
+  float alpha, beta;
+  bool a_m_fast;  // A walked along m (column-major A), else along k
+  bool b_k_fast;  // B walked along k (column-major B), else along n
+  bool a_vec;     // A's fast stride is 1 and 16-byte vectors along it are aligned
+  bool b_vec;
+  bool c_vec;  // C's column stride is 1 and 16-byte vectors along n are aligned
+};
+
+// True when the SGEMM kernels take `params` (float32, m, n, k < 2^31, at most 65535 row tiles
+// of the largest block height and 65535 batches); other float32 calls run the generic kernel.
+bool sgemm_supports(const GemmParams& params);
+
+// Normalises a float32 GemmParams that sgemm_supports accepted.
+SgemmArgs make_sgemm_args(const GemmParams& params);
+
+// A block tile of kBlockM x kBlockN x kBlockK, warps of kWarpM x kWarpN, lanes of kThreadM x
+// kThreadN accumulators (4 x 4 sub-tiles); kMinBlocksPerSm bounds the registers.
+template <int kBlockM_, int kBlockN_, int kBlockK_, int kWarpM_, int kWarpN_, int kThreadM_,
+          int kThreadN_, int kMinBlocksPerSm_>
+struct SgemmConfig {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_;
+  static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
+  static constexpr int kThreadM = kThreadM_, kThreadN = kThreadN_;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr int kWarpsM = kBlockM / kWarpM, kWarpsN = kBlockN / kWarpN;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kLanesM = kWarpM / kThreadM, kLanesN = kWarpN / kThreadN;
+  static constexpr int kSubM = kThreadM / 4, kSubN = kThreadN / 4;  // 4 x 4 sub-tiles
+  static constexpr int kSubStrideM = kWarpM / kSubM, kSubStrideN = kWarpN / kSubN;
+  static constexpr int kPad = 4;  // floats after each smem row: conflict-free transposed stores
+  static constexpr int kLdA = kBlockM + kPad, kLdB = kBlockN + kPad;
+  static constexpr int kVecsA = kBlockM * kBlockK / 4 / kThreads;  // float4 per thread and slice
+  static constexpr int kVecsB = kBlockN * kBlockK / 4 / kThreads;
+  static_assert(kBlockM % kWarpM == 0 && kBlockN % kWarpN == 0, "warps tile the block");
+  static_assert(kLanesM * kLanesN == 32, "lanes tile the warp");
+  static_assert(kThreadM % 4 == 0 && kThreadN % 4 == 0, "4 x 4 sub-tiles");
+  static_assert(kVecsA >= 1 && kVecsA * kThreads * 4 == kBlockM * kBlockK, "A loader split");
+  static_assert(kVecsB >= 1 && kVecsB * kThreads * 4 == kBlockN * kBlockK, "B loader split");
+  static_assert(kBlockK % 4 == 0, "k-fast operands load float4 along k");
+  static_assert(2 * kBlockK * (kLdA + kLdB) * 4 <= 48 * 1024, "static shared memory");
+};
+
+// Where a loader vector of a slice goes: four consecutive elements along the operand's fast
+// dimension starting at row (A) or column (B) `mn` of the block tile and `k` of the slice.
+struct VectorSlot {
+  int mn, k;
+};
+
+// Vector `index` of a kMN x kK slice walked along k (k_fast) or along mn: consecutive indices
+// take consecutive vectors along the fast dimension (coalesced loads).
+template <int kMN, int kK>
+SAMATTN_HOST_DEVICE VectorSlot vector_slot(int index, bool k_fast) {
+  if (k_fast) return {index / (kK / 4), index % (kK / 4) * 4};
+  return {index % (kMN / 4) * 4, index / (kMN / 4)};
+}
+
+// The block-tile row and column of thread `tid`'s first 4 x 4 sub-tile; its sub-tile (i, j)
+// starts kSubStrideM * i rows and kSubStrideN * j columns further. Warps are laid out
+// kWarpsM x kWarpsN (m fastest), lanes kLanesM x kLanesN (m fastest): a quarter-warp's lanes
+// read consecutive float4 of A (or of B) or one broadcast float4, never a bank conflict.
+struct LaneOrigin {
+  int row, col;
+};
+
+template <typename Cfg>
+SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int wm = warp % Cfg::kWarpsM, wn = warp / Cfg::kWarpsM;
+  const int lm = lane % Cfg::kLanesM, ln = lane / Cfg::kLanesM;
+  return {wm * Cfg::kWarpM + lm * 4, wn * Cfg::kWarpN + ln * 4};
+}
+
+// The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
+// ShippedSgemm. Name format: block MxNxK, warp MxN, lane MxN.
+using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
+using Sgemm128x128x16 = SgemmConfig<128, 128, 16, 64, 32, 8, 8, 1>;
+using Sgemm128x128x8Lane8x16 = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2>;
+using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;
+using ShippedSgemm = Sgemm128x128x8Lane8x16;
+
+// The largest block height of the configurations above (for sgemm_supports' grid limit).
+inline constexpr int kSgemmMaxBlockM = 128;
+
+// Runs a call sgemm_supports accepted with configuration Cfg (defined in sgemm_launch.cuh).
+template <typename Cfg>
+void launch_sgemm(const GemmParams& params, cudaStream_t stream);
+
+}  // namespace samattn::detail::simt

@@ -1,0 +1,203 @@
+// Internal: the fp32 IEEE SGEMM on CUDA cores, warp-tiled.
+//
+// A block computes a kBlockM x kBlockN tile of C from kBlockK-deep slices of A and B held in
+// double-buffered shared memory, both stored k-major (As[k][m], Bs[k][n]) so every fragment
+// read is a 16-byte vector along m or n. The block's warps tile it in kWarpM x kWarpN pieces;
+// inside a warp each lane owns a kThreadM x kThreadN accumulator tile made of 4 x 4 sub-tiles
+// spread kWarpM / (kThreadM / 4) rows (and columns) apart, so the lanes of a quarter-warp read
+// eight consecutive float4 of A (or one broadcast float4) and never conflict on a bank. Per
+// k step a lane loads kThreadM + kThreadN floats and issues kThreadM * kThreadN FFMAs.
+//
+// The next slice's global loads are issued into registers before the current slice's FMAs and
+// stored to the other buffer after them (one barrier per slice). Each operand is walked along
+// its unit (or smaller) stride: with a unit stride, aligned addresses and a slice inside the
+// matrix, one float4 load per vector; otherwise bounds-checked scalar loads at any strides.
+// k-fast A and k-fast B are transposed on their way into shared memory (4 scalar stores per
+// vector; the rows are padded by 4 floats so these stores do not conflict).
+#pragma once
+
+#include <cstdint>
+
+#include "gemm/simt/sgemm_args.h"
+
+namespace samattn::detail::simt {
+
+// Loads one vector: a float4 at `ptr` when `fast` (unit stride, aligned, inside), else four
+// scalars `fast_stride` apart, zero where the element lies outside the matrix. mn_left and
+// k_left count the rows (A) or columns (B) and the k indices left from the vector's first
+// element; the vector runs along k when k_fast.
+__device__ __forceinline__ float4 load_vector(const float* ptr, bool fast, int64_t fast_stride,
+                                              bool k_fast, int mn_left, int64_t k_left) {
+  if (fast) return __ldg(reinterpret_cast<const float4*>(ptr));
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const bool inside = k_fast ? (mn_left > 0 && k_left > e) : (mn_left > e && k_left > 0);
+    v[e] = inside ? ptr[e * fast_stride] : 0.0f;
+  }
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// Stores a loaded vector into the k-major smem slice tile[k][mn] (row length kLd).
+template <int kLd>
+__device__ __forceinline__ void store_vector(float* tile, VectorSlot slot, bool k_fast, float4 v) {
+  if (k_fast) {
+    tile[(slot.k + 0) * kLd + slot.mn] = v.x;
+    tile[(slot.k + 1) * kLd + slot.mn] = v.y;
+    tile[(slot.k + 2) * kLd + slot.mn] = v.z;
+    tile[(slot.k + 3) * kLd + slot.mn] = v.w;
+  } else {
+    *reinterpret_cast<float4*>(tile + slot.k * kLd + slot.mn) = v;
+  }
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    sgemm_kernel(const SgemmArgs args) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, BK = Cfg::kBlockK;
+  __shared__ __align__(16) float As[2][BK][Cfg::kLdA];
+  __shared__ __align__(16) float Bs[2][BK][Cfg::kLdB];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = static_cast<int>(blockIdx.y) * BM;
+  const int n0 = static_cast<int>(blockIdx.x) * BN;
+  const int64_t batch = blockIdx.z;
+  const float* a_block = args.a + batch * args.a_bs + m0 * args.a_rs;
+  const float* b_block = args.b + batch * args.b_bs + n0 * args.b_cs;
+  const int m_left = args.m - m0, n_left = args.n - n0;
+  const bool a_inside = args.a_vec && m_left >= BM;
+  const bool b_inside = args.b_vec && n_left >= BN;
+  const bool a_k_fast = !args.a_m_fast, b_k_fast = args.b_k_fast;
+  const int64_t a_fast_stride = a_k_fast ? args.a_cs : args.a_rs;
+  const int64_t b_fast_stride = b_k_fast ? args.b_rs : args.b_cs;
+
+  VectorSlot a_slot[Cfg::kVecsA], b_slot[Cfg::kVecsB];
+  const float* a_ptr[Cfg::kVecsA];
+  const float* b_ptr[Cfg::kVecsB];
+#pragma unroll
+  for (int v = 0; v < Cfg::kVecsA; ++v) {
+    a_slot[v] = vector_slot<BM, BK>(tid + v * Cfg::kThreads, a_k_fast);
+    a_ptr[v] = a_block + a_slot[v].mn * args.a_rs + a_slot[v].k * args.a_cs;
+  }
+#pragma unroll
+  for (int v = 0; v < Cfg::kVecsB; ++v) {
+    b_slot[v] = vector_slot<BN, BK>(tid + v * Cfg::kThreads, args.b_k_fast);
+    b_ptr[v] = b_block + b_slot[v].mn * args.b_cs + b_slot[v].k * args.b_rs;
+  }
+  const int64_t a_step = BK * args.a_cs, b_step = BK * args.b_rs;
+
+  float4 ra[Cfg::kVecsA], rb[Cfg::kVecsB];
+  auto load_slice = [&](int64_t k0) {
+    const bool k_inside = k0 + BK <= args.k;
+#pragma unroll
+    for (int v = 0; v < Cfg::kVecsA; ++v) {
+      ra[v] = load_vector(a_ptr[v], a_inside && k_inside, a_fast_stride, a_k_fast,
+                          m_left - a_slot[v].mn, args.k - k0 - a_slot[v].k);
+      a_ptr[v] += a_step;
+    }
+#pragma unroll
+    for (int v = 0; v < Cfg::kVecsB; ++v) {
+      rb[v] = load_vector(b_ptr[v], b_inside && k_inside, b_fast_stride, b_k_fast,
+                          n_left - b_slot[v].mn, args.k - k0 - b_slot[v].k);
+      b_ptr[v] += b_step;
+    }
+  };
+  auto store_slice = [&](int buf) {
+#pragma unroll
+    for (int v = 0; v < Cfg::kVecsA; ++v) {
+      store_vector<Cfg::kLdA>(&As[buf][0][0], a_slot[v], a_k_fast, ra[v]);
+    }
+#pragma unroll
+    for (int v = 0; v < Cfg::kVecsB; ++v) {
+      store_vector<Cfg::kLdB>(&Bs[buf][0][0], b_slot[v], b_k_fast, rb[v]);
+    }
+  };
+
+  // This lane's first sub-tile, within the block.
+  const LaneOrigin origin = lane_origin<Cfg>(tid);
+  const int row0 = origin.row, col0 = origin.col;
+
+  float acc[Cfg::kThreadM][Cfg::kThreadN];
+#pragma unroll
+  for (int i = 0; i < Cfg::kThreadM; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::kThreadN; ++j) acc[i][j] = 0.0f;
+
+  const int64_t slices = (args.k + BK - 1) / BK;
+  load_slice(0);
+  store_slice(0);
+  __syncthreads();
+  for (int64_t s = 0; s < slices; ++s) {
+    const int buf = static_cast<int>(s & 1);
+    if (s + 1 < slices) load_slice((s + 1) * BK);
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float4 fa[Cfg::kSubM], fb[Cfg::kSubN];
+#pragma unroll
+      for (int i = 0; i < Cfg::kSubM; ++i) {
+        fa[i] = *reinterpret_cast<const float4*>(&As[buf][kk][row0 + i * Cfg::kSubStrideM]);
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kSubN; ++j) {
+        fb[j] = *reinterpret_cast<const float4*>(&Bs[buf][kk][col0 + j * Cfg::kSubStrideN]);
+      }
+#pragma unroll
+      for (int i = 0; i < Cfg::kSubM; ++i) {
+        const float x[4] = {fa[i].x, fa[i].y, fa[i].z, fa[i].w};
+#pragma unroll
+        for (int j = 0; j < Cfg::kSubN; ++j) {
+          const float y[4] = {fb[j].x, fb[j].y, fb[j].z, fb[j].w};
+#pragma unroll
+          for (int ii = 0; ii < 4; ++ii)
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              acc[4 * i + ii][4 * j + jj] = fmaf(x[ii], y[jj], acc[4 * i + ii][4 * j + jj]);
+            }
+        }
+      }
+    }
+    if (s + 1 < slices) store_slice(buf ^ 1);
+    __syncthreads();
+  }
+
+  // Epilogue: alpha * acc (+ beta * C, read only when beta != 0); a float4 per sub-tile row
+  // where C's columns are contiguous, aligned and inside, else bounds-checked scalars.
+  float* c_block = args.c + batch * args.c_bs + m0 * args.c_rs + n0 * args.c_cs;
+  const bool read_c = args.beta != 0.0f;
+#pragma unroll
+  for (int i = 0; i < Cfg::kSubM; ++i) {
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+      const int r = row0 + i * Cfg::kSubStrideM + ii;
+      if (r >= m_left) continue;
+      float* c_row = c_block + r * args.c_rs;
+#pragma unroll
+      for (int j = 0; j < Cfg::kSubN; ++j) {
+        const int col = col0 + j * Cfg::kSubStrideN;
+        float v[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) v[jj] = args.alpha * acc[4 * i + ii][4 * j + jj];
+        if (args.c_vec && col + 4 <= n_left) {
+          float4* dst = reinterpret_cast<float4*>(c_row + col);
+          if (read_c) {
+            const float4 old = *dst;
+            v[0] = fmaf(args.beta, old.x, v[0]);
+            v[1] = fmaf(args.beta, old.y, v[1]);
+            v[2] = fmaf(args.beta, old.z, v[2]);
+            v[3] = fmaf(args.beta, old.w, v[3]);
+          }
+          *dst = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            if (col + jj >= n_left) continue;
+            float* dst = c_row + (col + jj) * args.c_cs;
+            *dst = read_c ? fmaf(args.beta, *dst, v[jj]) : v[jj];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace samattn::detail::simt

@@ -1,0 +1,24 @@
+// Internal: launch_sgemm<Cfg>, included by the library's instantiation (sgemm.cu) and by the
+// benchmark that measures the other tile configurations.
+#pragma once
+
+#include "common/check.h"
+#include "common/cuda_check.h"
+#include "gemm/simt/sgemm_args.h"
+#include "gemm/simt/sgemm_kernel.cuh"
+
+namespace samattn::detail::simt {
+
+template <typename Cfg>
+void launch_sgemm(const GemmParams& params, cudaStream_t stream) {
+  const SgemmArgs args = make_sgemm_args(params);
+  const dim3 grid(static_cast<unsigned>((args.n + Cfg::kBlockN - 1) / Cfg::kBlockN),
+                  static_cast<unsigned>((args.m + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>(params.batch));
+  SAMATTN_CHECK(grid.y <= 65535 && grid.z <= 65535, "m (", args.m, ") and batch (", params.batch,
+                ") must give at most 65535 row tiles and batches");
+  sgemm_kernel<Cfg><<<grid, Cfg::kThreads, 0, stream>>>(args);
+  SAMATTN_CHECK_LAUNCH();
+}
+
+}  // namespace samattn::detail::simt
