@@ -18,6 +18,31 @@
 namespace samattn::tensor_core {
 
 template <DType kDType, int kHeadDim>
+void launch_backward_dq(const detail::BackwardKernelParams& params, cudaStream_t stream) {
+  using Element = typename detail::ElementOf<kDType>::type;
+  using Cfg = BackwardConfig<kHeadDim>;
+  const detail::ForwardKernelParams& f = params.fwd;
+  const bool atomic_dq = params.dq_accum != nullptr;
+  const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
+  if (f.seqlen_q == 0) return;
+  if (atomic_dq) {
+    const int64_t wanted = (dq_elements + kConvertThreads - 1) / kConvertThreads;
+    // A grid-stride loop: enough blocks to fill the device several times over.
+    const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
+    backward_dq_convert_kernel<Element>
+        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap))), kConvertThreads, 0,
+           stream>>>(params);
+    SAMATTN_CHECK_LAUNCH();
+  } else {
+    const auto kernel = backward_dq_kernel<Element, kHeadDim>;
+    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+        params);
+    SAMATTN_CHECK_LAUNCH();
+  }
+}
+
+template <DType kDType, int kHeadDim>
 void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
   using Cfg = BackwardConfig<kHeadDim>;
@@ -40,22 +65,7 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
     kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
-  if (f.seqlen_q == 0) return;
-  if (atomic_dq) {
-    const int64_t wanted = (dq_elements + kConvertThreads - 1) / kConvertThreads;
-    // A grid-stride loop: enough blocks to fill the device several times over.
-    const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
-    backward_dq_convert_kernel<Element>
-        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap))), kConvertThreads, 0,
-           stream>>>(params);
-    SAMATTN_CHECK_LAUNCH();
-  } else {
-    const auto kernel = backward_dq_kernel<Element, kHeadDim>;
-    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        params);
-    SAMATTN_CHECK_LAUNCH();
-  }
+  launch_backward_dq<kDType, kHeadDim>(params, stream);
 }
 
 }  // namespace samattn::tensor_core
