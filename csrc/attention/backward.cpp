@@ -34,8 +34,7 @@ bool simt_forced_by_environment() {
 // size is a pure function of the parameters; a call that then runs on SIMT leaves it unused.
 bool wants_dq_accumulator(const AttentionBackwardParams& bp) {
   return !bp.deterministic && bp.forward.backend != Backend::kSimt &&
-         (tensor_core::backward_has_kernel(bp.forward) ||
-          hopper::backward_has_kernel(bp.forward));
+         (tensor_core::backward_has_kernel(bp.forward) || hopper::backward_has_kernel(bp.forward));
 }
 
 size_t delta_bytes(const AttentionParams& p) {

@@ -16,29 +16,31 @@
 //    of the block). With keys as the M dimension nothing is transposed in registers:
 //      S^T = K Q^T and dP^T = V dO^T            (wgmma, both operands from shared memory)
 //      P^T = exp2(S^T scale log2 e - lse log2 e), masked; dS^T = P^T (dP^T - D)
-//      dV += P^T dO, dK += dS^T Q               (wgmma, A = P^T / dS^T from registers)
-//      dS^T -> shared memory (16-bit), both warpgroups meet at a named barrier, then each
-//      computes half of dQ's columns, dQ = dS K (K = the block's 128 keys), and adds it into
-//      the fp32 dQ accumulator with 8-byte vector reductions.
+//      P^T, dS^T rounded to 16 bits; dS^T -> shared memory
+//      dV += P^T dO                             (wgmma, A = P^T from registers)
+//      both warpgroups meet at a named barrier; each computes half of dQ's columns,
+//      dQ = dS K (contraction over the block's 128 keys, both operands from shared memory)
+//      dK += dS^T Q                             (wgmma, A = dS^T from registers)
+//      dQ added into the fp32 accumulator with 8-byte vector reductions while dK runs.
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
 //    atomics) and are rounded and stored once at the end.
 //
-// Ordering (the places where two agents touch the same shared memory):
+// Ordering (the places where two agents touch the same shared memory or registers):
 //  - Q / dO / lse / D of stage s: written by TMA (async proxy) and by the statistics warp after
-//    both waited on empty[s] (whose phase completes when every consumer thread arrived after its
-//    wgmma.wait_group 0 of the step that used the stage: the tensor cores are done reading);
-//    read by consumers after full[s] completes (TMA complete_tx + 32 release-arrivals of the
-//    statistics warp; mbarrier waits acquire).
-//  - dS buffer (step & 1): written with ordinary st.shared by the consumers, each thread then
-//    runs fence.proxy.async (its generic writes become visible to the async proxy), then the
-//    256 consumer threads meet at a named barrier, and only then is the dQ wgmma (async proxy)
+//    both waited on empty[s], whose phase completes when every consumer thread arrived after its
+//    wgmma.wait_group 0 of the step that used the stage (the tensor cores are done reading);
+//    read by the consumers after full[s] completes (TMA complete_tx plus the 32 arrivals, which
+//    release the statistics warp's stores; the mbarrier wait acquires them).
+//  - dS buffer (step & 1): written with ordinary st.shared by the consumers; each thread then
+//    runs fence.proxy.async (its generic writes become visible to the async proxy), the 256
+//    consumer threads meet at a named barrier, and only then is the dQ wgmma (async proxy)
 //    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
 //    only after passing the next step's barrier, which the other warpgroup reaches only after
-//    its wgmma.wait_group 0 of this step (its dQ wgmma has finished reading the buffer).
-//  - A register fragments (P^T, dS^T) and accumulators belong to the tensor cores from the
-//    wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to shared memory
-//    before the dK wgmma takes its registers, and P^T / dS^T are rewritten only in the next
-//    step, after wait_group 0.
+//    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
+//  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
+//    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
+//    shared memory before any wgmma takes it, and every register fragment of a step is declared
+//    inside the step, after the previous step's wait_group 0.
 #pragma once
 
 #include <cstdint>
@@ -98,9 +100,8 @@ struct Traits {
   // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
   // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory.
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<BlockM, HalfHeadDim, BlockN>, cute::GMMA::Major::MN,
-                                 cute::GMMA::Major::MN>(),
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlockM, HalfHeadDim, BlockN>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
       AlongN{}));
 
   // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
@@ -208,9 +209,9 @@ struct BlockWork {
 
 // The TMA thread: K and V once, then Q and dO of every step.
 template <typename Element, int kHeadDim>
-__device__ __forceinline__ void load_tiles(const KernelParams<Element, kHeadDim>& params,
-                                           typename Traits<Element, kHeadDim>::SharedStorage& shared,
-                                           const BlockWork& work) {
+__device__ __forceinline__ void load_tiles(
+    const KernelParams<Element, kHeadDim>& params,
+    typename Traits<Element, kHeadDim>::SharedStorage& shared, const BlockWork& work) {
   using namespace cute;
   using T = Traits<Element, kHeadDim>;
   using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
@@ -316,15 +317,15 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
   Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDs{});
   Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDst{});
 
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);       // (MMA, 1, D/16) descriptors
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);       // (MMA, 1, D/16)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);       // (MMA, 1, D/16, stage)
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);     // (MMA, 1, D/16, stage)
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);   // (MMA, 1, kBlockM/16, stage)
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);     // (MMA, 1, kBlockM/16, stage)
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (MMA, 1, kBlockN/16, buffer)
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);     // (MMA, 1, kBlockN/16)
-  Tensor tSsdS = thr_sdp.partition_C(sdSt);             // (MMA, 1, 1, buffer): where dS^T goes
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, 1, D/16) descriptors
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, 1, D/16)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, 1, D/16, stage)
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);    // (MMA, 1, D/16, stage)
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, kBlockM/16, stage)
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, kBlockN/16, buffer)
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
+  Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
 
   const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
   const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
@@ -369,13 +370,13 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
     shared.full[stage].wait(phase);
     issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, stage),
                                                             tSrS);
-    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV,
-                                                            tSrdO(_, _, _, stage), tSrdP);
+    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
+                                                            tSrdP);
     // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T,
     // row n's visible columns start at first_visible. Only blocks crossing the end of the keys
     // or the causal diagonal need the test.
-    const bool needs_mask = key_begin + 64 > f.kept_keys ||
-                            (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
+    const bool needs_mask =
+        key_begin + 64 > f.kept_keys || (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
     int first_visible[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -418,8 +419,8 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
         *reinterpret_cast<uint32_t*>(raw_pointer_cast(&dst(2 * i))) = pairs[i];
       }
     }
-    issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdVrP,
-                                                            tdVrdO(_, _, _, stage), tdVrdV);
+    issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage),
+                                                            tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
       cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
@@ -476,12 +477,13 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
   if (f.kv_stride > 1) {
     const int64_t first_row = work.n_begin * f.kv_stride;
     const int64_t end_row = min((work.n_begin + kBlockN) * f.kv_stride, p.seqlen_k);
-    Element* dk_head = static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride +
-                       work.h_kv * p.dk_head_stride;
-    Element* dv_head = static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride +
-                       work.h_kv * p.dv_head_stride;
+    Element* dk_head =
+        static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride + work.h_kv * p.dk_head_stride;
+    Element* dv_head =
+        static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride + work.h_kv * p.dv_head_stride;
     constexpr int kPairs = kHeadDim / 2;
-    for (int64_t i = tid; i < (end_row - first_row) * kPairs; i += BackwardConfig::kConsumerThreads) {
+    for (int64_t i = tid; i < (end_row - first_row) * kPairs;
+         i += BackwardConfig::kConsumerThreads) {
       const int64_t row = first_row + i / kPairs;
       const int64_t col = 2 * (i % kPairs);
       if (row % f.kv_stride != 0) {

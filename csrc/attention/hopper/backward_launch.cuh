@@ -70,10 +70,10 @@ void launch_backward(const detail::BackwardKernelParams& p, cudaStream_t stream)
     // With no query rows the kernel loads no Q / dO tile, and q / dout may be empty allocations
     // (null, or zero strides): their descriptors then describe k instead, valid and never read.
     const bool no_queries = f.seqlen_q == 0;
-    auto q = no_queries ? k
-                        : bwd::gmem_tensor<Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
-                                                    f.q_row_stride, f.q_head_stride,
-                                                    f.q_batch_stride);
+    auto q = no_queries
+                 ? k
+                 : bwd::gmem_tensor<Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
+                                             f.q_row_stride, f.q_head_stride, f.q_batch_stride);
     auto dout = no_queries ? k
                            : bwd::gmem_tensor<Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q,
                                                        f.batch, p.do_row_stride, p.do_head_stride,

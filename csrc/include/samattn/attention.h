@@ -148,9 +148,9 @@ size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params)
 Status can_implement_backward(const AttentionBackwardParams& params);
 
 // Computes dq, dk and dv on `stream`: the Hopper or tensor-core kernels for float16/bfloat16
-// where they apply (see forward.backend), else the CUDA-core (SIMT) kernels, for every dtype (float16,
-// bfloat16 and float32 accumulate in float, float64 in double). Pointers are device pointers.
-// Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
+// where they apply (see forward.backend), else the CUDA-core (SIMT) kernels, for every dtype
+// (float16, bfloat16 and float32 accumulate in float, float64 in double). Pointers are device
+// pointers. Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
 void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream);
 
 // The fp64 CPU reference of the backward: host pointers, same parameters (lse and workspace are
