@@ -80,7 +80,8 @@ def hopper_kernel(q, k, v, do, out, lse, scale, causal, s):
             X = St * scale_log2 - lse_log2[None, :]
             for w in range(BN // WG_KEYS):
                 key_begin = n_begin + WG_KEYS * w
-                needs_mask = key_begin + WG_KEYS > kept or (causal and (key_begin + WG_KEYS - 1) * s > m_begin)
+                needs_mask = (key_begin + WG_KEYS > kept
+                              or (causal and (key_begin + WG_KEYS - 1) * s > m_begin))
                 if not needs_mask:
                     continue
                 for r in range(WG_KEYS * w, WG_KEYS * (w + 1)):
