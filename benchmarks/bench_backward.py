@@ -1,20 +1,29 @@
-"""Backward-pass timing: samattn's backward against PyTorch SDPA's FlashAttention-2 and cuDNN
-backward, in one process, on the same inputs (bf16 by default, H=16, B*S = 16k tokens).
+"""Backward-pass timing: samattn's Hopper (sm_90a) and sm80 tensor-core backwards against PyTorch
+SDPA's FlashAttention-2 and cuDNN backwards, in one process, on the same inputs (bf16 by default,
+H=16, B*S = 16k tokens).
 
 Each implementation's forward runs once outside the timed region; the timed call is
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), i.e. exactly the backward kernels
 of that implementation plus the gradient allocations, timed with CUDA events (warm-up, median of
 >= 10 calls; samattn.bench.timing.measure). FLOPs = 2.5 x the forward's 4*B*H*S*S*D, halved when
-causal (the convention of FlashAttention's benchmarks).
+causal (the convention of FlashAttention's benchmarks). Before timing, every implementation's
+gradients are compared with FA2's on the same inputs: one whose max |dX - dX_FA2| / max |dX_FA2|
+exceeds 5e-2 for any gradient is reported as wrong, not timed.
 
-  python benchmarks/bench_backward.py                   # the issue's sweep
+  samattn-hopper: samattn.attention(..., backend="hopper")      (Hopper forward and backward)
+  samattn-sm80:   samattn.attention(..., backend="tensor_core") (sm80 forward and backward)
+  fa2 / cudnn:    SDPA with SDPBackend.FLASH_ATTENTION / CUDNN_ATTENTION
+
+  python benchmarks/bench_backward.py --json $OUT/backward.json           # the issue's sweep
   python benchmarks/bench_backward.py --seqlens 4096 --head-dims 128 --deterministic
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import sys
 
 import torch
@@ -24,27 +33,28 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import samattn
 from samattn.bench.timing import measure
 
+WRONG_ABOVE = 5e-2
+
 
 def backward_flops(batch, heads, seqlen, head_dim, causal):
     forward = 4.0 * batch * heads * seqlen * seqlen * head_dim
     return 2.5 * forward / (2 if causal else 1)
 
 
-def time_backward(forward, q, k, v, dout, deterministic=False):
-    """Median/min/max ms of the backward of `forward(q, k, v)`, the forward run once."""
+def gradients(forward, q, k, v, dout, deterministic=False):
+    """The forward's output (with its graph) and a function that runs its backward once."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = forward(q, k, v)
 
     def call():
-        return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        try:
+            return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        finally:
+            torch.use_deterministic_algorithms(previous)
 
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    try:
-        timing = measure([call], min_reps=10, max_reps=50, budget_ms=300.0)
-    finally:
-        torch.use_deterministic_algorithms(previous)
-    return timing
+    return call
 
 
 def sdpa(backend, causal):
@@ -54,8 +64,13 @@ def sdpa(backend, causal):
     return forward
 
 
-def ours(causal):
-    return lambda q, k, v: samattn.attention(q, k, v, causal=causal)
+def samattn_backend(backend, causal):
+    return lambda q, k, v: samattn.attention(q, k, v, causal=causal, backend=backend)
+
+
+def max_rel_diff(grads, reference):
+    return max(((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-30)).item()
+               for g, r in zip(grads, reference))
 
 
 def main(argv=None):
@@ -67,7 +82,9 @@ def main(argv=None):
     parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     parser.add_argument("--deterministic", action="store_true",
-                        help="also time samattn with torch.use_deterministic_algorithms(True)")
+                        help="also time the Hopper backward with deterministic dq")
+    parser.add_argument("--budget-ms", type=float, default=300.0,
+                        help="measured time per implementation and shape")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -75,12 +92,12 @@ def main(argv=None):
         return 1
     dtype = getattr(torch, args.dtype)
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, "
-          f"H={args.heads}, B*S={args.tokens}")
-    header = (f"{'D':>4} {'causal':>6} {'S':>6} {'B':>3} | {'ours ms':>8} {'TFLOPS':>7} | "
-              f"{'FA2 ms':>8} {'TFLOPS':>7} | {'cuDNN ms':>8} {'TFLOPS':>7} | "
-              f"{'ours/FA2':>8}" + (f" | {'det ms':>8} {'TFLOPS':>7}" if args.deterministic else ""))
-    print(header)
+    gpu = torch.cuda.get_device_name()
+    print(f"device: {gpu}, torch {torch.__version__}, {args.dtype}, H={args.heads}, "
+          f"B*S={args.tokens}; TFLOPS (ms)")
+    names = ["hopper", "sm80", "fa2", "cudnn"] + (["hopper_det"] if args.deterministic else [])
+    print(f"{'D':>4} {'causal':>6} {'S':>6} {'B':>3} | " +
+          " | ".join(f"{n:>16}" for n in names) + " | hopper/FA2 hopper/cuDNN")
     rows = []
     generator = torch.Generator(device="cuda").manual_seed(0)
     for head_dim in args.head_dims:
@@ -88,40 +105,74 @@ def main(argv=None):
             for seqlen in args.seqlens:
                 batch = max(1, args.tokens // seqlen)
                 shape = (batch, args.heads, seqlen, head_dim)
-                q, k, v, dout = (torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
-                                 for _ in range(4))
+                q, k, v, dout = (torch.randn(shape, device="cuda", dtype=dtype,
+                                             generator=generator) for _ in range(4))
                 flops = backward_flops(batch, args.heads, seqlen, head_dim, causal)
-                row = dict(head_dim=head_dim, causal=causal, seqlen=seqlen, batch=batch)
-                impls = [("ours", ours(causal), False),
-                         ("fa2", sdpa(SDPBackend.FLASH_ATTENTION, causal), False),
-                         ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION, causal), False)]
+                row = dict(head_dim=head_dim, causal=causal, seqlen=seqlen, batch=batch,
+                           heads=args.heads, dtype=args.dtype, flops=flops)
+                impls = {"hopper": (samattn_backend("hopper", causal), False),
+                         "sm80": (samattn_backend("tensor_core", causal), False),
+                         "fa2": (sdpa(SDPBackend.FLASH_ATTENTION, causal), False),
+                         "cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION, causal), False)}
                 if args.deterministic:
-                    impls.append(("ours_det", ours(causal), True))
-                for name, forward, deterministic in impls:
+                    impls["hopper_det"] = (samattn_backend("hopper", causal), True)
+                reference = None
+                for name in ["fa2"] + [n for n in impls if n != "fa2"]:
+                    forward, deterministic = impls[name]
+                    call = None
                     try:
-                        t = time_backward(forward, q, k, v, dout, deterministic)
+                        call = gradients(forward, q, k, v, dout, deterministic)
+                        grads = call()
+                        torch.cuda.synchronize()
+                        if reference is None:
+                            reference = grads
+                        else:
+                            diff = max_rel_diff(grads, reference)
+                            row[name + "_max_rel_diff_vs_fa2"] = diff
+                            if not diff <= WRONG_ABOVE:  # NaN lands here too
+                                raise RuntimeError(f"wrong gradients: max rel diff vs FA2 "
+                                                   f"{diff:.3e}")
+                        del grads
+                        t = measure([call], min_reps=10, max_reps=50, budget_ms=args.budget_ms)
                         row[name + "_ms"] = t.median_ms
+                        row[name + "_min_ms"] = t.min_ms
+                        row[name + "_max_ms"] = t.max_ms
                         row[name + "_tflops"] = flops / t.median_ms / 1e9
-                    except RuntimeError as error:  # e.g. a backend unavailable for the shape
+                    except (RuntimeError, ValueError) as error:  # unavailable here, or wrong
                         row[name + "_ms"] = float("nan")
                         row[name + "_tflops"] = float("nan")
                         row[name + "_error"] = str(error).splitlines()[0][:200]
-                ratio = row["fa2_ms"] / row["ours_ms"]
-                line = (f"{head_dim:>4} {str(causal):>6} {seqlen:>6} {batch:>3} | "
-                        f"{row['ours_ms']:>8.3f} {row['ours_tflops']:>7.1f} | "
-                        f"{row['fa2_ms']:>8.3f} {row['fa2_tflops']:>7.1f} | "
-                        f"{row['cudnn_ms']:>8.3f} {row['cudnn_tflops']:>7.1f} | {ratio:>8.2f}")
-                if args.deterministic:
-                    line += f" | {row['ours_det_ms']:>8.3f} {row['ours_det_tflops']:>7.1f}"
-                print(line, flush=True)
+                    del call
+                    torch.cuda.empty_cache()
+                # "ours": what samattn runs by default (backend="auto") for this shape.
+                auto = samattn.selected_backend(q, k, v, causal=causal, backward=True)
+                row["ours_backend"] = auto
+                mine = {"hopper": "hopper", "tensor_core": "sm80"}.get(auto)
+                row["ours_ms"] = row[mine + "_ms"] if mine else float("nan")
+                row["ours_tflops"] = row[mine + "_tflops"] if mine else float("nan")
+                cells = " | ".join(f"{row[n + '_tflops']:>7.1f} ({row[n + '_ms']:>6.2f})"
+                                   for n in names)
+                ratio_fa2 = row["fa2_ms"] / row["hopper_ms"]
+                ratio_cudnn = row["cudnn_ms"] / row["hopper_ms"]
+                row["hopper_over_fa2"] = ratio_fa2
+                row["hopper_over_cudnn"] = ratio_cudnn
+                print(f"{head_dim:>4} {str(causal):>6} {seqlen:>6} {batch:>3} | {cells} | "
+                      f"{ratio_fa2:>10.2f} {ratio_cudnn:>11.2f}", flush=True)
                 rows.append(row)
-                del q, k, v, dout
+                del q, k, v, dout, reference
     for row in rows:
         for key in [k for k in row if k.endswith("_error")]:
-            print(f"note: {key} at D={row['head_dim']} S={row['seqlen']}: {row[key]}")
+            print(f"note: {key} at D={row['head_dim']} S={row['seqlen']} causal={row['causal']}: "
+                  f"{row[key]}")
     if args.json:
+        result = dict(benchmark="benchmarks/bench_backward.py " + " ".join(argv or sys.argv[1:]),
+                      gpu=gpu, torch=torch.__version__, dtype=args.dtype,
+                      commit=os.environ.get("SAMATTN_COMMIT", "unknown"),
+                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                          timespec="seconds"),
+                      flops_formula="2.5 * 4*B*H*S*S*D, halved when causal", rows=rows)
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(result, f, indent=1)
     return 0
 
 

@@ -1,10 +1,12 @@
 // attention_backward: validate, derive the kernel parameters once, launch D = rowsum(dout * out)
-// and then the tensor-core backward (fp16/bf16 on sm80+) or the SIMT backward (dK/dV, then dQ).
+// and then the Hopper backward (fp16/bf16 on sm_90a), the tensor-core backward (fp16/bf16 on
+// sm80+) or the SIMT backward (dK/dV, then dQ).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "attention/backward_kernel_params.h"
+#include "attention/hopper/backward_launch.h"
 #include "attention/simt/backward_launch.h"
 #include "attention/strided_pattern.h"
 #include "attention/tensor_core/backward_launch.h"
@@ -28,12 +30,12 @@ bool simt_forced_by_environment() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-// The tensor-core backward's non-deterministic dQ sums into an fp32 accumulator with atomics.
-// Decided from the shapes, dtype and options alone (no device query) so the workspace size is a
-// pure function of the parameters; a call that then runs on SIMT leaves it unused.
+// The tensor-core and Hopper backwards' non-deterministic dQ sums into an fp32 accumulator with
+// atomics. Decided from the shapes, dtype and options alone (no device query) so the workspace
+// size is a pure function of the parameters; a call that then runs on SIMT leaves it unused.
 bool wants_dq_accumulator(const AttentionBackwardParams& bp) {
   return !bp.deterministic && bp.forward.backend != Backend::kSimt &&
-         tensor_core::backward_has_kernel(bp.forward);
+         (tensor_core::backward_has_kernel(bp.forward) || hopper::backward_has_kernel(bp.forward));
 }
 
 size_t delta_bytes(const AttentionParams& p) {
@@ -48,13 +50,21 @@ size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
                   sizeof(float));
 }
 
-// kSimt or SAMATTN_FORCE_SIMT=1: SIMT. kTensorCore: the tensor-core backward or an error saying
-// why not. kAuto: the tensor-core backward where it supports the call.
-bool use_tensor_core(const AttentionBackwardParams& bp) {
-  if (bp.forward.backend == Backend::kSimt || simt_forced_by_environment()) return false;
+// kSimt or SAMATTN_FORCE_SIMT=1: SIMT. kHopper / kTensorCore: that backward or an error saying
+// why not. kAuto: the Hopper backward where it supports the call, else the tensor-core backward
+// where it does, else SIMT. The Hopper backward takes no mask options or varlen yet: such calls
+// (kHopper asked for included, as in the forward) go to the tensor-core backward where it can.
+Backend resolve_backward_backend(const AttentionBackwardParams& bp) {
+  const Backend asked = bp.forward.backend;
+  if (asked == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
+  if (!bp.forward.mask.any() && (asked == Backend::kHopper || asked == Backend::kAuto)) {
+    const Status hopper = hopper::backward_supports(bp);
+    if (asked == Backend::kHopper) SAMATTN_CHECK(hopper.ok(), hopper.message());
+    if (hopper.ok()) return Backend::kHopper;
+  }
   const Status status = tensor_core::backward_supports(bp);
-  if (bp.forward.backend == Backend::kTensorCore) SAMATTN_CHECK(status.ok(), status.message());
-  return status.ok();
+  if (asked == Backend::kTensorCore) SAMATTN_CHECK(status.ok(), status.message());
+  return status.ok() ? Backend::kTensorCore : Backend::kSimt;
 }
 
 detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackwardParams& bp) {
@@ -87,6 +97,10 @@ detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackward
 
 }  // namespace
 
+Backend select_backward_backend(const AttentionBackwardParams& params) {
+  return resolve_backward_backend(params);
+}
+
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
   const AttentionParams& p = params.forward;
   if (p.batch <= 0 || p.heads_q <= 0 || p.seqlen_q <= 0) return 0;
@@ -100,8 +114,8 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
-  const bool tensor_core = use_tensor_core(params);
-  if (p.mask.is_varlen() && !tensor_core) {
+  const Backend backend = resolve_backward_backend(params);
+  if (p.mask.is_varlen() && backend == Backend::kSimt) {
     // The SIMT kernels take one dense sequence at a time (attention/varlen.h), after one host
     // read of cu_seqlens; the workspace is reused in stream order.
     for (const detail::VarlenSequence& s : detail::read_varlen_sequences(p, stream)) {
@@ -116,7 +130,7 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   }
   // Varlen on the tensor cores: one launch per kernel, cu_seqlens read on the device.
   detail::BackwardKernelParams kernel_params = make_backward_kernel_params(params);
-  if (!tensor_core) {
+  if (backend == Backend::kSimt) {
     simt::dispatch_backward(p.dtype, kernel_params, stream);
     return;
   }
@@ -133,8 +147,13 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
         simt::launch_backward_preprocess<DType::kBFloat16>(kernel_params, stream);
         break;
       default:
-        SAMATTN_CHECK(false, "the tensor-core backward got dtype ", dtype_name(p.dtype));
+        SAMATTN_CHECK(false, "the ", backend_name(backend), " backward got dtype ",
+                      dtype_name(p.dtype));
     }
+  }
+  if (backend == Backend::kHopper) {
+    hopper::dispatch_backward(p.dtype, kernel_params, stream);
+    return;
   }
   // The strided pattern: its residue classes and band as separate parts (strided_pattern.h).
   if (kernel_params.dq_accum != nullptr && detail::strided_backward_applies(params)) {

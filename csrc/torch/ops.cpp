@@ -226,6 +226,42 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
   }
 }
 
+// The kernel family attention_backward would run for these tensors ("simt", "tensor_core" or
+// "hopper"), for out, dout and the gradients laid out as the ops allocate them: contiguous, as
+// aligned as query, key and value.
+std::string selected_backward_backend_op(const at::Tensor& query, const at::Tensor& key,
+                                         const at::Tensor& value, bool causal, int64_t kv_stride,
+                                         c10::string_view backend) {
+  AttentionParams forward = make_forward_params(
+      query, key, value,
+      {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
+  TORCH_CHECK_VALUE(query.is_cuda(),
+                    "samattn: selected_backend needs CUDA tensors; CPU tensors "
+                    "always run the fp64 reference");
+  const auto contiguous = [](int64_t heads, int64_t seqlen, int64_t dim) {
+    return Strides{heads * seqlen * dim, seqlen * dim, dim};
+  };
+  const Strides rows_q = contiguous(forward.heads_q, forward.seqlen_q, forward.head_dim_v);
+  forward.out = query.data_ptr();
+  forward.out_strides = rows_q;
+  AttentionBackwardParams params;
+  params.forward = forward;
+  params.dout = query.data_ptr();
+  params.dout_strides = rows_q;
+  params.dq = query.data_ptr();
+  params.dq_strides = contiguous(forward.heads_q, forward.seqlen_q, forward.head_dim);
+  params.dk = key.data_ptr();
+  params.dk_strides = contiguous(forward.heads_kv, forward.seqlen_k, forward.head_dim);
+  params.dv = value.data_ptr();
+  params.dv_strides = contiguous(forward.heads_kv, forward.seqlen_k, forward.head_dim_v);
+  const c10::cuda::CUDAGuard guard(query.device());
+  try {
+    return backend_name(select_backward_backend(params));
+  } catch (const Error& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(samattn, m) {
@@ -263,6 +299,9 @@ TORCH_LIBRARY(samattn, m) {
       "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
       "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128) -> str");
+  m.def(
+      "selected_backward_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
+      "int kv_stride=1, str backend='auto') -> str");
 }
 
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
@@ -272,6 +311,7 @@ TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
   m.impl("attention_forward_into", &attention_forward_into_op);
   m.impl("attention_backward", &attention_backward_op);
   m.impl("selected_backend", &selected_backend_op);
+  m.impl("selected_backward_backend", &selected_backward_backend_op);
 }
 
 TORCH_LIBRARY_IMPL(samattn, CPU, m) {

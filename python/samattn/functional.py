@@ -66,10 +66,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
 
-    Differentiable with respect to q, k and v (on CUDA the tensor-core backward for float16 and
-    bfloat16 at head dims 32/64/96/128 on sm80+, the SIMT backward otherwise, chosen by
-    ``backend`` as for the forward; the fp64 reference on the CPU). The tensor-core backward
-    adds dq with fp32 atomics, so dq may differ in the last bits between runs; under
+    Differentiable with respect to q, k and v (on CUDA the Hopper backward for float16 and
+    bfloat16 at head dims 64/128 on compute capability 9.0, the tensor-core backward for them at
+    head dims 32/64/96/128 on sm80+, the SIMT backward otherwise, chosen by ``backend`` as for
+    the forward: see ``selected_backend(..., backward=True)``; the fp64 reference on the CPU).
+    The Hopper and tensor-core backwards add dq with fp32 atomics, so dq may differ in the last
+    bits between runs; under
     ``torch.use_deterministic_algorithms(True)`` it uses an atomic-free dq kernel instead
     (bit-identical). lse is returned for inspection and is not differentiable.
     """
@@ -131,10 +133,21 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                      kv_stride: int = 1, backend: str = "auto",
                      attn_mask: Optional[Tensor] = None,
                      window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
-                     sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None) -> str:
+                     sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
+                     backward: bool = False) -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors and options on this
     GPU: "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is
-    honoured."""
+    honoured.
+
+    backward=True: the family of its backward instead (unmasked calls; the gradients, out and
+    dout contiguous, as autograd passes them), which can differ from the forward's: e.g. on
+    compute capability 9.0 head dim 256 runs the Hopper forward and the SIMT backward. A backend
+    the backward cannot honour raises ValueError naming the reason."""
+    if backward:
+        if attn_mask is not None or window is not None or sparse_pattern != "none" or \
+                block_sparse is not None:
+            raise ValueError("selected_backend(backward=True) takes no mask options")
+        return ops.selected_backward_backend(q, k, v, causal, kv_stride, backend)
     left, right = _window_pair(window)
     extra = () if block_sparse is None else (block_sparse.to_map(k.shape[2]),
                                              block_sparse.block_q, block_sparse.block_k)

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/hopper/backward_config.h"
 #include "attention/tensor_core/backward_config.h"
 #include "backward_rounding_model.h"
 #include "test_support.h"
@@ -239,7 +240,7 @@ TEST(BackwardValidationBackend, EveryBackendValueIsAccepted) {
   BackwardProblem pb({1, 2, 2, 3, 5, 8, 8}, DType::kFloat32);
   alignas(256) static unsigned char workspace[256];
   pb.params.workspace = workspace;
-  for (Backend backend : {Backend::kAuto, Backend::kSimt, Backend::kTensorCore}) {
+  for (Backend backend : {Backend::kAuto, Backend::kSimt, Backend::kTensorCore, Backend::kHopper}) {
     pb.params.forward.backend = backend;
     EXPECT_TRUE(can_implement_backward(pb.params).ok()) << backend_name(backend);
   }
@@ -582,6 +583,218 @@ TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("head_dim 40"), std::string::npos) << error.what();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64 and 128) against the
+// reference with the tensor-core rule (it rounds P and dS exactly where the sm80 kernels do),
+// with atomic and deterministic dQ; against the sm80 backward; and its dispatch.
+
+const Scenario kHopperScenarios[] = {
+    {"dense", {2, 3, 3, 77, 129, 64, 64}},
+    {"causal_128", {2, 2, 2, 129, 129, 128, 128}, true},
+    {"causal_sq_gt_sk", {1, 2, 2, 100, 37, 64, 64}, true},
+    {"causal_sq_lt_sk_128", {1, 2, 2, 37, 100, 128, 128}, true},
+    {"kv_stride2_causal", {1, 2, 2, 150, 150, 64, 64}, true, 2},
+    {"kv_stride3", {2, 2, 2, 65, 130, 64, 64}, false, 3},
+    {"kv_stride4_causal_128", {1, 2, 2, 200, 200, 128, 128}, true, 4},
+    {"kv_stride_larger_than_keys", {1, 1, 1, 20, 30, 64, 64}, true, 50},
+    {"gqa_4to1", {2, 8, 2, 33, 70, 64, 64}},
+    {"gqa_4to1_causal_128", {1, 8, 2, 130, 140, 128, 128}, true},
+    {"gqa_8to1_kv_stride3_128", {1, 8, 1, 77, 300, 128, 128}, false, 3},
+    {"mqa_causal", {1, 6, 1, 40, 41, 64, 64}, true},
+    {"seq_major_layout", {2, 4, 2, 50, 61, 64, 64}, false, 1, true},
+    {"seq_major_kv_stride4_causal_128", {1, 4, 4, 200, 200, 128, 128}, true, 4, true},
+    {"seqlen_1", {2, 2, 2, 1, 1, 64, 64}, true},
+    {"single_query_128", {3, 2, 2, 1, 300, 128, 128}},
+    {"single_key", {1, 2, 2, 20, 1, 64, 64}},
+    {"sq1000_sk129", {1, 2, 2, 1000, 129, 64, 64}},
+    {"sq129_sk1000_causal_128", {1, 2, 2, 129, 1000, 128, 128}, true},
+    {"long_causal", {1, 1, 1, 1000, 1000, 64, 64}, true, 1, false, 0.3},
+    {"negative_scale_128", {1, 2, 2, 30, 40, 128, 128}, true, 1, false, -0.2},
+    {"no_keys", {1, 2, 2, 10, 0, 64, 64}},
+    {"no_queries", {1, 2, 1, 0, 10, 128, 128}},
+};
+
+std::vector<TensorCoreCase> all_hopper_cases() {
+  std::vector<TensorCoreCase> cases;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (bool deterministic : {false, true}) {
+      for (const Scenario& s : kHopperScenarios) cases.push_back({s, dtype, deterministic});
+    }
+  }
+  return cases;
+}
+
+// Why the Hopper backward cannot run here, or "" when it can: it needs a compute capability 9.0
+// GPU and a library built with the sm_90a kernels. On such a GPU any other refusal of a plain
+// bf16 call is a bug, and the tests fail instead of skipping.
+std::string hopper_backward_skip_reason() {
+  if (!gpu_available()) return "no CUDA GPU";
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      major != 9 || minor != 0) {
+    return "no compute capability 9.0 GPU";
+  }
+  BackwardProblem pb({1, 2, 1, 8, 8, 64, 64}, DType::kBFloat16);
+  pb.params.forward.backend = Backend::kHopper;
+  DeviceBackward dev(pb);
+  try {
+    select_backward_backend(dev.params);
+  } catch (const Error& error) {
+    const std::string why = error.what();
+    if (why.find("this build") != std::string::npos) return why;
+    ADD_FAILURE() << "the Hopper backward refused a plain bf16 call on sm90: " << why;
+    return why;
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_HOPPER_BACKWARD()                        \
+  do {                                                        \
+    const std::string reason = hopper_backward_skip_reason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;              \
+  } while (0)
+
+class BackwardHopper : public ::testing::TestWithParam<TensorCoreCase> {};
+
+TEST_P(BackwardHopper, MatchesReference) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  const Scenario& sc = GetParam().scenario;
+  BackwardProblem pb(sc.shape, GetParam().dtype, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
+                     sc.scale);
+  pb.params.forward.backend = Backend::kHopper;  // throws if the call cannot take this path
+  pb.params.deterministic = GetParam().deterministic;
+  expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp16Bf16, BackwardHopper, ::testing::ValuesIn(all_hopper_cases()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) +
+                                  (info.param.deterministic ? "_deterministic_" : "_atomic_") +
+                                  info.param.scenario.name;
+                         });
+
+// Runs the backward of `pb` on device copies with `backend`; returns dq, dk, dv.
+std::vector<HostTensor> run_backward_on_device(BackwardProblem& pb, Backend backend) {
+  pb.params.forward.backend = backend;
+  DeviceBackward dev(pb);
+  attention_backward(dev.params, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<HostTensor> grads{HostTensor(pb.fwd.dtype, pb.dq.size()),
+                                HostTensor(pb.fwd.dtype, pb.dk.size()),
+                                HostTensor(pb.fwd.dtype, pb.dv.size())};
+  dev.dq.download(grads[0].data());
+  dev.dk.download(grads[1].data());
+  dev.dv.download(grads[2].data());
+  return grads;
+}
+
+// Both paths within the rule of the reference, and within twice its FA3 bound of each other.
+TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  const Scenario list[] = {
+      {"cross_dense_128", {2, 4, 2, 300, 500, 128, 128}},
+      {"cross_causal_64", {1, 4, 4, 513, 513, 64, 64}, true},
+      {"cross_strided_gqa_128", {1, 8, 2, 200, 333, 128, 128}, true, 2},
+  };
+  for (const Scenario& sc : list) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(sc.name + "/" + dtype_name(dtype));
+      BackwardProblem pb(sc.shape, dtype, sc.causal, sc.kv_stride, sc.seq_major, sc.seed(),
+                         sc.scale);
+      const RoundedBackward m =
+          rounded_backward(pb.params, pb.dq.size(), pb.dk.size(), pb.dv.size());
+      const std::vector<HostTensor> hopper = run_backward_on_device(pb, Backend::kHopper);
+      const std::vector<HostTensor> sm80 = run_backward_on_device(pb, Backend::kTensorCore);
+      reference_attention_backward(pb.params);
+      const HostTensor* refs[] = {&pb.dq, &pb.dk, &pb.dv};
+      const HostTensor* models[] = {&m.dq, &m.dk, &m.dv};
+      const std::vector<double>* terms[] = {&m.dq_terms, &m.dk_terms, &m.dv_terms};
+      const char* names[] = {"dq", "dk", "dv"};
+      // The atol scales of expect_matches_reference: the size of the terms each gradient sums.
+      const double scale = default_softmax_scale(sc.shape.head_dim);
+      const double dp = max_abs(pb.dout) * max_abs(pb.fwd.v);
+      const double floors[] = {scale * dp * max_abs(pb.fwd.k), scale * dp * max_abs(pb.fwd.q),
+                               max_abs(pb.dout)};
+      const double u = unit_roundoff_16(dtype);
+      for (int g = 0; g < 3; ++g) {
+        double model_err = 0, max_terms = 0, diff = 0;
+        for (int64_t i = 0; i < refs[g]->size(); ++i) {
+          model_err = std::max(model_err, std::fabs(models[g]->get(i) - refs[g]->get(i)));
+          max_terms = std::max(max_terms, (*terms[g])[i]);
+          diff = std::max(diff, std::fabs(hopper[g].get(i) - sm80[g].get(i)));
+        }
+        EXPECT_TRUE(
+            within_backward_rule(hopper[g], *refs[g], *models[g], *terms[g], dtype, floors[g]))
+            << "hopper " << names[g];
+        EXPECT_TRUE(
+            within_backward_rule(sm80[g], *refs[g], *models[g], *terms[g], dtype, floors[g]))
+            << "sm80 " << names[g];
+        EXPECT_LE(diff, 2 * (2 * model_err + u * max_terms)) << names[g];
+      }
+    }
+  }
+}
+
+TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t head_dim : {64, 128}) {
+      BackwardProblem pb({2, 8, 2, 300, 333, head_dim, head_dim}, dtype, /*causal=*/true);
+      pb.params.forward.backend = Backend::kHopper;
+      pb.params.deterministic = true;
+      expect_bit_identical_reruns(pb);
+    }
+  }
+}
+
+// kAuto picks the Hopper backward for its head dims on sm90 and the sm80 one for head dim 96;
+// kHopper on a call it cannot run is an error that names the reason; masks go to SIMT.
+TEST(BackwardHopperRuns, AutoPicksHopperAndForcedHopperNamesTheReason) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  {
+    BackwardProblem pb({1, 4, 2, 70, 90, 128, 128}, DType::kBFloat16, /*causal=*/true);
+    DeviceBackward dev(pb);
+    EXPECT_EQ(select_backward_backend(dev.params), Backend::kHopper);
+    dev.params.forward.backend = Backend::kTensorCore;
+    EXPECT_EQ(select_backward_backend(dev.params), Backend::kTensorCore);
+    dev.params.forward.backend = Backend::kSimt;
+    EXPECT_EQ(select_backward_backend(dev.params), Backend::kSimt);
+    dev.params.forward.backend = Backend::kAuto;
+    const Scenario sc{"auto_128", {1, 4, 2, 70, 90, 128, 128}, true};
+    expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);  // kAuto: the Hopper kernels
+  }
+  BackwardProblem d96({1, 2, 2, 31, 45, 96, 96}, DType::kBFloat16);
+  DeviceBackward dev96(d96);
+  EXPECT_EQ(select_backward_backend(dev96.params), Backend::kTensorCore);
+  dev96.params.forward.backend = Backend::kHopper;
+  try {
+    attention_backward(dev96.params, nullptr);
+    FAIL() << "the Hopper backward accepted head_dim 96";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("head_dim 96"), std::string::npos) << error.what();
+  }
+  BackwardProblem f32({1, 2, 2, 31, 45, 64, 64}, DType::kFloat32);
+  DeviceBackward dev32(f32);
+  dev32.params.forward.backend = Backend::kHopper;
+  EXPECT_THROW(select_backward_backend(dev32.params), Error);
+  dev32.params.forward.backend = Backend::kAuto;
+  EXPECT_EQ(select_backward_backend(dev32.params), Backend::kSimt);
+}
+
+// Without a compute capability 9.0 GPU kAuto never reports the Hopper backward, and forcing it
+// throws before any launch.
+TEST(BackwardHopperRuns, OtherDevicesNeverPickHopper) {
+  SKIP_WITHOUT_GPU();
+  if (hopper_backward_skip_reason().empty()) GTEST_SKIP() << "this is a Hopper device";
+  BackwardProblem pb({1, 2, 2, 31, 45, 64, 64}, DType::kBFloat16);
+  DeviceBackward dev(pb);
+  EXPECT_NE(select_backward_backend(dev.params), Backend::kHopper);
+  dev.params.forward.backend = Backend::kHopper;
+  EXPECT_THROW(attention_backward(dev.params, nullptr), Error);
 }
 
 }  // namespace

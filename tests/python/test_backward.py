@@ -1,8 +1,8 @@
 """Gradients: autograd through samattn's ops. On the CPU (everywhere) the fp64 reference backward
 is checked with gradcheck, against torch autograd of an independent float64 formula, with
-opcheck, under torch.compile and by training seed 000's model; with a GPU the SIMT backward is
-checked against the fp64 reference for every dtype, for bit-identical reruns, with gradcheck in
-float64 and under CUDA-graph capture."""
+opcheck, under torch.compile and by training seed 000's model; with a GPU the SIMT, tensor-core
+and (on compute capability 9.0) Hopper backwards are checked against the fp64 reference, for
+bit-identical reruns, with gradcheck in float64 and under CUDA-graph capture."""
 
 import os
 import sys
@@ -444,6 +444,106 @@ def test_gpu_backward_backend_follows_the_forward():
     auto = samattn.ops.attention_backward(dout, q, k, v, out, lse, None, False, 1, False)
     for a, b in zip(simt, auto):  # head dim 72 has no tensor-core backward: both run SIMT
         assert torch.equal(a, b)
+
+
+# The Hopper backward (sm_90a wgmma + TMA; fp16/bf16, head dims 64 and 128, compute capability
+# 9.0): every GPU scenario it supports plus a few of its own, through autograd with
+# backend="hopper", atomic and deterministic dq, against the fp64 reference with the tensor-core
+# rule (it rounds P and dS where the sm80 kernels do).
+HOPPER_SCENARIOS_EXTRA = {
+    "mqa_causal_128": dict(shape=(1, 6, 1, 77, 129, 128, 128), causal=True),
+    "strided3_gqa_64": dict(shape=(1, 8, 2, 100, 200, 64, 64), kv_stride=3),
+    "sq_gt_sk_128": dict(shape=(1, 2, 2, 300, 129, 128, 128)),
+}
+GPU_SCENARIOS.update(HOPPER_SCENARIOS_EXTRA)
+HOPPER_SCENARIOS = [name for name, sc in GPU_SCENARIOS.items()
+                    if sc["shape"][5] == sc["shape"][6] and sc["shape"][5] in (64, 128)]
+
+
+def hopper_backward_skip_reason():
+    """Why the Hopper backward cannot run here ("" when it can): it needs a compute capability 9.0
+    GPU and a build with the sm_90a kernels. On such a GPU any other refusal is a bug: raised."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "needs a compute capability 9.0 GPU"
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16, device="cuda")
+    try:
+        assert samattn.selected_backend(q, q, q, backend="hopper", backward=True) == "hopper"
+    except ValueError as error:
+        if "this build" in str(error):
+            return f"hopper backward unavailable: {error}"
+        raise
+    return ""
+
+
+def requires_hopper_backward(fn):
+    reason = hopper_backward_skip_reason()
+    return pytest.mark.skipif(bool(reason), reason=reason)(fn)
+
+
+@requires_hopper_backward
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", HOPPER_SCENARIOS)
+def test_gpu_hopper_autograd_matches_reference(name, dtype, deterministic):
+    q, k, v, options = gpu_problem(name, dtype)
+    causal, kv_stride = options.get("causal", False), options.get("kv_stride", 1)
+    assert samattn.selected_backend(q, k, v, causal=causal, kv_stride=kv_stride, backend="hopper",
+                                    backward=True) == "hopper"
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = samattn.attention(q, k, v, backend="hopper", return_lse=True, **options)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to("cuda", dtype)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        poison_cuda_cache(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    cpu = [t.detach().double().cpu() for t in (dout, q, k, v, out)]
+    expected = samattn.ops.attention_backward(*cpu, lse.double().cpu(), options.get("scale"),
+                                              causal, kv_stride, False)
+    softmax_scale = abs(options.get("scale") or 1.0 / math.sqrt(q.shape[-1]))
+    dp = dout.abs().max().item() * v.abs().max().item()
+    floors = (softmax_scale * dp * k.abs().max().item(), softmax_scale * dp * q.abs().max().item(),
+              dout.abs().max().item())
+    lowp, terms = lowp_backward_reference(dout, q, k, v, out, causal=causal,
+                                          scale=options.get("scale"), kv_stride=kv_stride)
+    for got, ref, like, low, term, floor in zip(grads, expected, (q, k, v), lowp, terms, floors):
+        assert got.shape == like.shape and got.dtype == dtype
+        assert_close_backward_tensor_core(got, ref, low, term, dtype, scale_floor=floor)
+
+
+@requires_hopper_backward
+def test_gpu_auto_backward_picks_hopper_and_forced_hopper_names_the_reason():
+    """backend="auto" takes the Hopper backward at head dims 64 and 128 on sm90, the sm80 one at
+    96, SIMT at 256 (the forward there is Hopper's); backend="hopper" where the backward cannot
+    run raises, naming the reason."""
+    def pick(head_dim, **kwargs):
+        q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16, device="cuda")
+        return samattn.selected_backend(q, q, q, backward=True, **kwargs)
+    assert pick(64) == "hopper" and pick(128) == "hopper"
+    assert pick(96) == "tensor_core" and pick(256) == "simt"
+    assert pick(128, backend="tensor_core") == "tensor_core"
+    assert pick(128, backend="simt") == "simt"
+    with pytest.raises(ValueError, match="head_dim 96"):
+        pick(96, backend="hopper")
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 40, 50, 256, dtype=torch.bfloat16,
+                                                    device="cuda", seed=6))
+    out = samattn.attention(q, k, v, backend="hopper")
+    with pytest.raises(ValueError, match="head_dim 256"):
+        torch.autograd.grad(out.sum(), (q, k, v))
+
+
+@requires_cuda
+def test_gpu_backward_never_picks_hopper_off_sm90():
+    if not hopper_backward_skip_reason():
+        pytest.skip("the Hopper backward runs on this device")
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16, device="cuda")
+    assert samattn.selected_backend(q, q, q, backward=True) != "hopper"
+    with pytest.raises(ValueError, match="backend hopper does not support"):
+        samattn.selected_backend(q, q, q, backward=True, backend="hopper")
 
 
 @requires_cuda

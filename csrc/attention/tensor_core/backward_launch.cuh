@@ -26,19 +26,87 @@ inline void allow_backward_smem(const void* kernel, int bytes, int with_tile) {
 }
 
 template <DType kDType, int kHeadDim>
+void launch_backward_dq(const detail::BackwardKernelParams& params, cudaStream_t stream) {
+  using Element = typename detail::ElementOf<kDType>::type;
+  using Cfg = BackwardConfig<kHeadDim>;
+  const detail::ForwardKernelParams& f = params.fwd;
+  const bool atomic_dq = params.dq_accum != nullptr;
+  const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
+  if (f.seqlen_q == 0) return;
+  if (atomic_dq) {
+    const int64_t wanted = (dq_elements + kConvertThreads - 1) / kConvertThreads;
+    // A grid-stride loop: enough blocks to fill the device several times over.
+    const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
+    backward_dq_convert_kernel<Element>
+        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap))), kConvertThreads, 0,
+           stream>>>(params);
+    SAMATTN_CHECK_LAUNCH();
+  } else {
+    const auto kernel = backward_dq_kernel<Element, kHeadDim>;
+    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+        params);
+    SAMATTN_CHECK_LAUNCH();
+  }
+}
+
+// Blocks of a grid-stride conversion kernel over `elements`: enough to fill the device several
+// times over.
+inline unsigned convert_grid(int64_t elements) {
+  const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
+  const int64_t wanted = (elements + kConvertThreads - 1) / kConvertThreads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap)));
+}
+
+// Shared memory of the (masked or plain) dK/dV and dQ kernels for this call, and the size with
+// the mask tile that a masked kernel opts into where the device has it.
+template <int kHeadDim>
+struct BackwardSmem {
+  int bytes, with_tile;
+  explicit BackwardSmem(const detail::ForwardKernelParams& f) {
+    const bool masked = detail::needs_masked_kernel(f);
+    bytes = masked ? backward_masked_smem_bytes(kHeadDim, detail::needs_mask_tile(f))
+                   : BackwardConfig<kHeadDim>::kSmemBytes;
+    with_tile = masked ? backward_masked_smem_bytes(kHeadDim, true)
+                       : BackwardConfig<kHeadDim>::kSmemBytes;
+  }
+};
+
+// Rows of the dQ accumulator: the lse's layout (varlen: heads_q x total_q).
+inline int64_t dq_rows(const detail::ForwardKernelParams& f) {
+  return f.cu_seqlens_q != nullptr ? f.heads_q * f.total_q : f.batch * f.heads_q * f.seqlen_q;
+}
+
+template <DType kDType, int kHeadDim>
+void launch_backward_dq(const detail::BackwardKernelParams& params, cudaStream_t stream) {
+  using Element = typename detail::ElementOf<kDType>::type;
+  using Cfg = BackwardConfig<kHeadDim>;
+  const detail::ForwardKernelParams& f = params.fwd;
+  if (f.seqlen_q == 0 || params.skip_convert) return;
+  if (params.dq_accum != nullptr) {
+    backward_dq_convert_kernel<Element>
+        <<<convert_grid(dq_rows(f) * kHeadDim), kConvertThreads, 0, stream>>>(params);
+    SAMATTN_CHECK_LAUNCH();
+  } else {
+    const BackwardSmem<kHeadDim> smem(f);
+    const auto kernel = detail::needs_masked_kernel(f) ? backward_dq_kernel<Element, kHeadDim, true>
+                                                       : backward_dq_kernel<Element, kHeadDim, false>;
+    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem.bytes, smem.with_tile);
+    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, smem.bytes, stream>>>(
+        params);
+    SAMATTN_CHECK_LAUNCH();
+  }
+}
+
+template <DType kDType, int kHeadDim>
 void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t stream) {
   using Element = typename detail::ElementOf<kDType>::type;
   using Cfg = BackwardConfig<kHeadDim>;
   const detail::ForwardKernelParams& f = params.fwd;
   const bool atomic_dq = params.dq_accum != nullptr;
   const bool masked = detail::needs_masked_kernel(f);
-  const int smem =
-      masked ? backward_masked_smem_bytes(kHeadDim, detail::needs_mask_tile(f)) : Cfg::kSmemBytes;
-  const int with_tile = masked ? backward_masked_smem_bytes(kHeadDim, true) : Cfg::kSmemBytes;
-  // Rows of the dQ accumulator: the lse's layout (varlen: heads_q x total_q).
-  const int64_t stat_rows =
-      f.cu_seqlens_q != nullptr ? f.heads_q * f.total_q : f.batch * f.heads_q * f.seqlen_q;
-  const int64_t dq_elements = stat_rows * kHeadDim;
+  const BackwardSmem<kHeadDim> smem(f);
+  const int64_t dq_elements = dq_rows(f) * kHeadDim;
   if (atomic_dq && dq_elements > 0 && !params.skip_zero) {
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, dq_elements * sizeof(float), stream));
   }
@@ -54,36 +122,19 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
                             : (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, false>
                                          : backward_dkdv_kernel<Element, kHeadDim, false, false>);
     // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
-    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem, with_tile);
-    kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, smem, stream>>>(params);
+    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem.bytes, smem.with_tile);
+    kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, smem.bytes, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   }
-  // Grid-stride conversion kernels: enough blocks to fill the device several times over.
-  const int64_t convert_cap = int64_t{32} * detail::current_device_info().multiprocessors;
-  const auto convert_blocks = [&](int64_t elements) {
-    const int64_t wanted = (elements + kConvertThreads - 1) / kConvertThreads;
-    return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, convert_cap)));
-  };
   if (params.dk_accum != nullptr && !params.skip_convert) {
     const int64_t elements = f.batch * params.heads_kv * params.seqlen_k * kHeadDim;
     if (elements > 0) {
       backward_dkdv_convert_kernel<Element>
-          <<<convert_blocks(elements), kConvertThreads, 0, stream>>>(params);
+          <<<convert_grid(elements), kConvertThreads, 0, stream>>>(params);
       SAMATTN_CHECK_LAUNCH();
     }
   }
-  if (f.seqlen_q == 0 || params.skip_convert) return;
-  if (atomic_dq) {
-    backward_dq_convert_kernel<Element>
-        <<<convert_blocks(dq_elements), kConvertThreads, 0, stream>>>(params);
-    SAMATTN_CHECK_LAUNCH();
-  } else {
-    const auto kernel = masked ? backward_dq_kernel<Element, kHeadDim, true>
-                               : backward_dq_kernel<Element, kHeadDim, false>;
-    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem, with_tile);
-    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, smem, stream>>>(params);
-    SAMATTN_CHECK_LAUNCH();
-  }
+  launch_backward_dq<kDType, kHeadDim>(params, stream);
 }
 
 }  // namespace samattn::tensor_core

@@ -16,6 +16,12 @@ namespace samattn::tensor_core {
 template <DType kDType, int kHeadDim>
 void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t stream);
 
+// The dQ part of launch_backward alone, after a dK/dV kernel that ran elsewhere (the Hopper
+// backward): with params.dq_accum set (and filled), the kernel that scales and rounds it into
+// dq; otherwise the deterministic dQ kernel. D must already be in params.delta.
+template <DType kDType, int kHeadDim>
+void launch_backward_dq(const detail::BackwardKernelParams& params, cudaStream_t stream);
+
 // Whether the dtype and head dims have an instantiation (no device query): decides whether the
 // workspace holds the fp32 dQ accumulator.
 bool backward_has_kernel(const AttentionParams& params);

@@ -108,10 +108,13 @@ struct AttentionBackwardParams {
   // The forward problem: shapes, strides, dtype and options, plus q, k, v, out and lse. out and
   // lse are those the forward wrote (lse is required by attention_backward; the reference
   // recomputes the probabilities and ignores it). D is computed from `out` as given.
-  // forward.backend also picks the backward's kernels: kAuto runs the tensor-core backward for
-  // float16/bfloat16 on sm80+ with equal head dims of 32, 64, 96 or 128 (16-byte aligned
-  // pointers and strides) and the SIMT kernels otherwise; kSimt (or SAMATTN_FORCE_SIMT=1) forces
-  // SIMT; kTensorCore throws, naming the reason, when the tensor-core backward cannot run.
+  // forward.backend also picks the backward's kernels: kAuto runs the Hopper backward (sm_90a
+  // wgmma + TMA) for float16/bfloat16 with equal head dims of 64 or 128 on compute capability
+  // 9.0, else the tensor-core backward for float16/bfloat16 on sm80+ with equal head dims of 32,
+  // 64, 96 or 128 (16-byte aligned pointers and strides), else the SIMT kernels; kSimt (or
+  // SAMATTN_FORCE_SIMT=1) forces SIMT; kHopper and kTensorCore throw, naming the reason, when
+  // that backward cannot run. Mask options and varlen always run on SIMT.
+  // select_backward_backend() reports the choice.
   AttentionParams forward;
 
   // dL/dout, (B, Hq, Sq, Dv) in forward.dtype, last dimension contiguous.
@@ -129,17 +132,24 @@ struct AttentionBackwardParams {
   void* workspace = nullptr;
 
   // Requests bit-identical results from run to run. The SIMT backward uses no atomics and is
-  // always deterministic. The tensor-core backward sums dK and dV in a fixed order, but by
-  // default (false, as in FlashAttention-2) adds each key block's share of dQ into an fp32
+  // always deterministic. The tensor-core and Hopper backwards sum dK and dV in a fixed order,
+  // but by default (false, as in FlashAttention-2) add each key block's share of dQ into an fp32
   // workspace with atomics, whose order varies (dq can differ in the last bits between runs);
-  // true runs a separate dQ kernel that recomputes the probabilities per query block instead
-  // (no atomics, no dQ workspace, about one more forward's worth of work).
+  // true runs a separate dQ kernel (the tensor-core backward's, on both paths) that recomputes
+  // the probabilities per query block instead (no atomics, no dQ workspace, about one more
+  // forward's worth of work).
   bool deterministic = false;
 };
 
+// The backend attention_backward runs for `params` on the current device (resolves kAuto; kSimt,
+// kTensorCore or kHopper), for logs and tests. Throws samattn::Error, naming the reason, where
+// forward.backend forces a backward that cannot run the call.
+Backend select_backward_backend(const AttentionBackwardParams& params);
+
 // Bytes of device workspace attention_backward needs for `params` (0 when there is nothing to
 // compute): D (one value per query row) and, when the tensor-core backward may run with
-// deterministic = false, its fp32 dQ accumulator (batch * heads_q * seqlen_q * head_dim floats).
+// deterministic = false, its fp32 dQ accumulator (batch * heads_q * seqlen_q * head_dim floats),
+// shared by the Hopper backward.
 // Depends only on the shapes, dtype, backend and deterministic (not on the device).
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params);
 
@@ -147,10 +157,10 @@ size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params)
 // failed status names the field, as attention_backward would throw it.
 Status can_implement_backward(const AttentionBackwardParams& params);
 
-// Computes dq, dk and dv on `stream`: the tensor-core kernels for float16/bfloat16 where they
-// apply (see forward.backend), else the CUDA-core (SIMT) kernels, for every dtype (float16,
-// bfloat16 and float32 accumulate in float, float64 in double). Pointers are device pointers.
-// Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
+// Computes dq, dk and dv on `stream`: the Hopper or tensor-core kernels for float16/bfloat16
+// where they apply (see forward.backend), else the CUDA-core (SIMT) kernels, for every dtype
+// (float16, bfloat16 and float32 accumulate in float, float64 in double). Pointers are device
+// pointers. Throws samattn::Error on invalid parameters (before any launch) and CUDA errors.
 void attention_backward(const AttentionBackwardParams& params, cudaStream_t stream);
 
 // The fp64 CPU reference of the backward: host pointers, same parameters (lse and workspace are

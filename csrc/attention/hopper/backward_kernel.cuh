@@ -1,0 +1,540 @@
+// Internal: the Hopper (sm_90a) attention backward for fp16/bf16 (dK, dV and the atomic dQ), on
+// wgmma and TMA, written with CuTe (from the nvidia-cutlass headers) as a library. D = rowsum(dO
+// * O) comes from the SIMT preprocess kernel; the fp32 dQ accumulator is scaled and rounded by
+// the tensor-core backward's conversion kernel (or, deterministic, dQ comes from its atomic-free
+// dQ kernel and this kernel computes only dK and dV).
+//
+// One block owns kBlockN = 128 keys of one (batch, kv head) with three warpgroups:
+//  - warpgroup 0, the producer, gives most of its registers away (setmaxnreg). One thread issues
+//    the TMA copies: K and V of the block once, then Q and dO tiles of each step into a
+//    kStages-deep ring of shared-memory stages. One warp stages the step's lse (times log2 e)
+//    and D in shared memory. Per stage, the `full` mbarrier completes when the TMA bytes have
+//    landed and the 32 statistics threads have arrived; `empty` when all 256 consumer threads
+//    are done with the stage.
+//  - warpgroups 1 and 2, the consumers, own 64 keys each (the wgmma M). A step is one block of
+//    kBlockM = 64 query rows of one query head of the group (causal: only blocks that see a key
+//    of the block). With keys as the M dimension nothing is transposed in registers:
+//      S^T = K Q^T and dP^T = V dO^T            (wgmma, both operands from shared memory)
+//      P^T = exp2(S^T scale log2 e - lse log2 e), masked; dS^T = P^T (dP^T - D)
+//      P^T, dS^T rounded to 16 bits; dS^T -> shared memory
+//      dV += P^T dO                             (wgmma, A = P^T from registers)
+//      both warpgroups meet at a named barrier; each computes half of dQ's columns,
+//      dQ = dS K (contraction over the block's 128 keys, both operands from shared memory)
+//      dK += dS^T Q                             (wgmma, A = dS^T from registers)
+//      dQ added into the fp32 accumulator with 8-byte vector reductions while dK runs.
+//    dK and dV stay in registers across all steps (the group's heads are summed there: no
+//    atomics) and are rounded and stored once at the end.
+//
+// Ordering (the places where two agents touch the same shared memory or registers):
+//  - Q / dO / lse / D of stage s: written by TMA (async proxy) and by the statistics warp after
+//    both waited on empty[s], whose phase completes when every consumer thread arrived after its
+//    wgmma.wait_group 0 of the step that used the stage (the tensor cores are done reading);
+//    read by the consumers after full[s] completes (TMA complete_tx plus the 32 arrivals, which
+//    release the statistics warp's stores; the mbarrier wait acquires them).
+//  - dS buffer (step & 1): written with ordinary st.shared by the consumers; each thread then
+//    runs fence.proxy.async (its generic writes become visible to the async proxy), the 256
+//    consumer threads meet at a named barrier, and only then is the dQ wgmma (async proxy)
+//    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
+//    only after passing the next step's barrier, which the other warpgroup reaches only after
+//    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
+//  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
+//    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
+//    shared memory before any wgmma takes it, and every register fragment of a step is declared
+//    inside the step, after the previous step's wait_group 0.
+#pragma once
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+
+#include "attention/backward_kernel_params.h"
+#include "attention/hopper/backward_config.h"
+#include "attention/hopper/backward_wgmma.cuh"
+
+namespace samattn::hopper::bwd {
+
+// (seqlen, head_dim, heads, batch) extents and element strides of a tensor as TMA sees it.
+using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+// Named barrier (CUTLASS numbers user barriers after its reserved ones) where the consumers meet
+// once the step's dS is in shared memory.
+inline constexpr uint32_t kDsReadyBarrier = 0;
+
+template <typename Element, int kHeadDim>
+struct Traits {
+  using Cfg = BackwardConfig;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  using BlockM = cute::Int<kBlockM>;
+  using BlockN = cute::Int<kBlockN>;
+  using HeadDim = cute::Int<kHeadDim>;
+  using HalfHeadDim = cute::Int<kHeadDim / 2>;
+  using Stages = cute::Int<kStages>;
+  using DsBuffers = cute::Int<Cfg::kDsBuffers>;
+  static_assert(kBlockN == 64 * Cfg::kConsumerWarpgroups, "a consumer warpgroup owns 64 keys");
+  static_assert(kHeadDim % 32 == 0, "dQ's column halves are whole 16-column wgmma tiles");
+
+  // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products, and
+  // split N (dQ's head-dim columns) for dQ = dS K.
+  using AlongM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
+  using AlongN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, BlockM, HeadDim>>(),
+      AlongM{}));
+  // dV += P^T dO and dK += dS^T Q: (key, dim), contraction over the step's queries; A from
+  // registers, B = dO^T / Q^T seen as (dim, query) with dim contiguous: MN-major.
+  using TiledMmaDKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlockM>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AlongM{}));
+  // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
+  // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory.
+  using TiledMmaDQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlockM, HalfHeadDim, BlockN>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      AlongN{}));
+
+  // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
+  using SmemAtomKV =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
+                                                                   BlockN, HeadDim>());
+  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<BlockN, HeadDim>{}));
+  // The same bytes as (dim, key): K^T, the B operand of dQ = dS K.
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_ordered_layout(cute::Shape<HeadDim, BlockN>{}, cute::Step<cute::_2, cute::_1>{})));
+  using SmemAtomQ =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
+                                                                   BlockM, HeadDim>());
+  // Q and dO stages (query, dim, stage) and the same bytes as (dim, query, stage).
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(SmemAtomQ{}, cute::Shape<BlockM, HeadDim, Stages>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockM, Stages>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // dS (query, key, buffer), queries contiguous, and the same bytes as dS^T (key, query, buffer):
+  // the S^T accumulators' element pairs (adjacent queries) are then adjacent 16-bit values.
+  using SmemAtomDs =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::MN, Element,
+                                                                   BlockM, BlockN>());
+  using SmemLayoutDs =
+      decltype(cute::tile_to_shape(SmemAtomDs{}, cute::Shape<BlockM, BlockN, DsBuffers>{}));
+  using SmemLayoutDst = decltype(cute::composition(
+      SmemLayoutDs{}, cute::make_ordered_layout(cute::Shape<BlockN, BlockM, DsBuffers>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
+    float lse_log2[kStages][kBlockM];  // lse * log2(e) of the step's rows; +inf past seqlen_q
+    float delta[kStages][kBlockM];     // D of the step's rows; 0 past seqlen_q
+    cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    cutlass::arch::ClusterTransactionBarrier full[kStages];
+    cutlass::arch::ClusterBarrier empty[kStages];
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= backward_smem_bytes(kHeadDim, sizeof(Element)),
+                "backward_config.h must bound the kernel's shared memory");
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  template <typename SmemLayout, typename Tile>
+  using Tma = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{},
+      cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
+                        GmemStride{}),
+      SmemLayout{}, Tile{}, cute::_1{}));
+  using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
+  using TmaKV = Tma<SmemLayoutKV, cute::Shape<BlockN, HeadDim>>;
+};
+
+template <typename Element, int kHeadDim>
+struct KernelParams {
+  using T = Traits<Element, kHeadDim>;
+  detail::BackwardKernelParams p;
+  GmemShape shape_q;  // q and dout
+  GmemShape shape_k;  // k and v
+  typename T::TmaQ tma_q;
+  typename T::TmaQ tma_dout;
+  typename T::TmaKV tma_k;
+  typename T::TmaKV tma_v;
+};
+
+// The block's work: its keys and the steps (query head, query block) that see them.
+struct BlockWork {
+  int64_t b, h_kv, n_begin;
+  int64_t m_first;   // first query block of each head (causal: the first that sees key n_begin)
+  int64_t per_head;  // query blocks per head
+  int64_t steps;     // group_size * per_head
+
+  __device__ __forceinline__ BlockWork(const detail::BackwardKernelParams& p) {
+    const detail::ForwardKernelParams& f = p.fwd;
+    constexpr int kBlockM = BackwardConfig::kBlockM;
+    constexpr int kBlockN = BackwardConfig::kBlockN;
+    // Blocks of one (batch, kv head) are adjacent and start with key block 0, which under causal
+    // masking sees the most queries, so the longest blocks start first.
+    const int64_t n_blocks = (f.kept_keys + kBlockN - 1) / kBlockN;
+    const int64_t block = blockIdx.x;
+    n_begin = block % n_blocks * kBlockN;
+    b = block / n_blocks / p.heads_kv;
+    h_kv = block / n_blocks % p.heads_kv;
+    const int64_t m_blocks = (f.seqlen_q + kBlockM - 1) / kBlockM;
+    // Under causal masking key n is first seen by query n * kv_stride.
+    m_first = f.causal ? min(n_begin * f.kv_stride / kBlockM, m_blocks) : 0;
+    per_head = m_blocks - m_first;
+    steps = f.group_size * per_head;
+  }
+  __device__ __forceinline__ int64_t head(const detail::BackwardKernelParams& p,
+                                          int64_t step) const {
+    return h_kv * p.fwd.group_size + step / per_head;
+  }
+  __device__ __forceinline__ int64_t m_block(int64_t step) const {
+    return m_first + step % per_head;
+  }
+};
+
+// The TMA thread: K and V once, then Q and dO of every step.
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void load_tiles(
+    const KernelParams<Element, kHeadDim>& params,
+    typename Traits<Element, kHeadDim>::SharedStorage& shared, const BlockWork& work) {
+  using namespace cute;
+  using T = Traits<Element, kHeadDim>;
+  using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+  if (work.steps == 0) return;  // no query sees these keys: nothing to load (dK = dV = 0)
+  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);
+  Tensor mdO = params.tma_dout.get_tma_tensor(params.shape_q);
+  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);
+  Tensor mV = params.tma_v.get_tma_tensor(params.shape_k);
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
+
+  const int n_block = static_cast<int>(work.n_begin / T::kBlockN);
+  const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
+  Tensor gK = local_tile(mK(_, _, work.h_kv, work.b), kv_tile, make_coord(n_block, _0{}));
+  Tensor gV = local_tile(mV(_, _, work.h_kv, work.b), kv_tile, make_coord(n_block, _0{}));
+  auto [tKgK, tKsK] =
+      tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] =
+      tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  shared.barrier_kv.arrive_and_expect_tx(2 * T::kKVBytes);
+  auto& kv_barrier = reinterpret_cast<BarrierType&>(shared.barrier_kv);
+  copy(params.tma_k.with(kv_barrier, 0), tKgK, tKsK);
+  copy(params.tma_v.with(kv_barrier, 0), tVgV, tVsV);
+
+  const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
+  for (int64_t step = 0; step < work.steps; ++step) {
+    const int stage = static_cast<int>(step % T::kStages);
+    const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
+    shared.empty[stage].wait(phase ^ 1u);  // a fresh barrier's "previous phase" counts as done
+    const int64_t h = work.head(params.p, step);
+    const int m_block = static_cast<int>(work.m_block(step));
+    Tensor gQ = local_tile(mQ(_, _, h, work.b), q_tile, make_coord(m_block, _0{}));
+    Tensor gdO = local_tile(mdO(_, _, h, work.b), q_tile, make_coord(m_block, _0{}));
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));
+    auto [tdOgdO, tdOsdO] = tma_partition(params.tma_dout, _0{}, Layout<_1>{},
+                                          group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+    shared.full[stage].arrive_and_expect_tx(2 * T::kQBytes);
+    auto& full = reinterpret_cast<BarrierType&>(shared.full[stage]);
+    copy(params.tma_q.with(full, 0), tQgQ, tQsQ(_, stage));
+    copy(params.tma_dout.with(full, 0), tdOgdO, tdOsdO(_, stage));
+  }
+}
+
+// The statistics warp: lse * log2(e) and D of every step's rows into the stage's arrays. Rows
+// past seqlen_q get lse = +inf and D = 0, so their P (and dS) is exactly 0: TMA zero-fills their
+// Q and dO rows, S = 0 and exp2(0 - inf) = 0.
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void load_row_statistics(
+    const detail::BackwardKernelParams& p,
+    typename Traits<Element, kHeadDim>::SharedStorage& shared, const BlockWork& work, int lane) {
+  using T = Traits<Element, kHeadDim>;
+  const detail::ForwardKernelParams& f = p.fwd;
+  const float* lse_all = static_cast<const float*>(f.lse);
+  const float* delta_all = static_cast<const float*>(p.delta);
+  for (int64_t step = 0; step < work.steps; ++step) {
+    const int stage = static_cast<int>(step % T::kStages);
+    const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
+    shared.empty[stage].wait(phase ^ 1u);
+    const int64_t h = work.head(p, step);
+    const int64_t m_begin = work.m_block(step) * T::kBlockM;
+    const float* lse = lse_all + work.b * f.lse_batch_stride + h * f.lse_head_stride;
+    const float* delta = delta_all + (work.b * f.heads_q + h) * f.seqlen_q;
+    for (int r = lane; r < T::kBlockM; r += BackwardConfig::kStatsThreads) {
+      const int64_t m = m_begin + r;
+      const bool real = m < f.seqlen_q;
+      shared.lse_log2[stage][r] = real ? lse[m] * kLog2e : INFINITY;
+      shared.delta[stage][r] = real ? delta[m] : 0.f;
+    }
+    shared.full[stage].arrive();  // release: the stores above are seen after the full wait
+  }
+}
+
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& params,
+                                        typename Traits<Element, kHeadDim>::SharedStorage& shared,
+                                        const BlockWork& work) {
+  using namespace cute;
+  using T = Traits<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM;
+  constexpr int kBlockN = T::kBlockN;
+  const detail::BackwardKernelParams& p = params.p;
+  const detail::ForwardKernelParams& f = p.fwd;
+  const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255 over the consumer warpgroups
+  const int warpgroup = tid / 128;
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmaDKV mma_dkv;
+  typename T::TiledMmaDQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKt{});
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDs{});
+  Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDst{});
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, 1, D/16) descriptors
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, 1, D/16)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, 1, D/16, stage)
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);    // (MMA, 1, D/16, stage)
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, kBlockM/16, stage)
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, kBlockN/16, buffer)
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
+  Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
+
+  const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
+  const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
+  const auto dq_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, dkv_tile);
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, dkv_tile);
+  // (key, query) of every S^T element, (query, dim) of every dQ element, (key, dim) of dK / dV.
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(sdp_tile));
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(dq_tile));
+  Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(dkv_tile));
+  // A thread holds two key rows of its warp's 16: element i of an accumulator is in row half
+  // (i / 2) % 2 (wgmma's fragment order: column pair, row half, 8-column group).
+  const int local_key[2] = {get<0>(tScS(0)), get<0>(tScS(2))};
+
+  const float scale_log2 = static_cast<float>(f.scale_log2);
+  const bool accumulate_dq = p.dq_accum != nullptr;  // deterministic: another kernel does dQ
+  float* dq_accum = static_cast<float*>(p.dq_accum);
+  // The warpgroup's keys [key_begin, key_begin + 64): uniform over the warpgroup, so the mask
+  // test below does not diverge.
+  const int64_t key_begin = work.n_begin + 64 * warpgroup;
+  clear(tdVrdV);
+  clear(tdKrdK);
+  if (work.steps > 0) shared.barrier_kv.wait(0);
+
+  for (int64_t step = 0; step < work.steps; ++step) {
+    const int stage = static_cast<int>(step % T::kStages);
+    const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
+    const int buffer = static_cast<int>(step & 1);
+    const int64_t h = work.head(p, step);
+    const int64_t m_begin = work.m_block(step) * kBlockM;
+
+    // The step's fragments are declared here, not above the loop: a wgmma reads its accumulator
+    // operand even when told to zero it, so an accumulator that outlived the step would stay
+    // live (and take registers) across the whole loop.
+    Tensor tSrS = partition_fragment_C(mma_sdp, sdp_tile);   // S^T, then P^T (fp32)
+    Tensor tSrdP = partition_fragment_C(mma_sdp, sdp_tile);  // dP^T, then dS^T (fp32)
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
+    Tensor tdVrP = make_tensor<Element>(accumulator_as_a_operand(tSrS.layout()));
+    Tensor tdKrdS = make_tensor<Element>(accumulator_as_a_operand(tSrdP.layout()));
+    static_assert(size<2>(decltype(tdVrP){}) == kBlockM / 16, "one P^T k-block per 16 queries");
+
+    shared.full[stage].wait(phase);
+    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, stage),
+                                                            tSrS);
+    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
+                                                            tSrdP);
+    // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T,
+    // row n's visible columns start at first_visible. Only blocks crossing the end of the keys
+    // or the causal diagonal need the test.
+    const bool needs_mask =
+        key_begin + 64 > f.kept_keys || (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
+    int first_visible[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = work.n_begin + local_key[r];
+      const int64_t first = key >= f.kept_keys ? kBlockM
+                            : f.causal         ? key * f.kv_stride - m_begin
+                                               : 0;
+      first_visible[r] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
+    }
+
+    warpgroup_wait<1>();  // S^T has landed (wgmma groups complete in order)
+    warpgroup_fence_operand(tSrS);
+    const float* lse_log2 = shared.lse_log2[stage];
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      const int col = get<1>(tScS(i));
+      float x = tSrS(i) * scale_log2 - lse_log2[col];
+      if (needs_mask && col < first_visible[(i / 2) % 2]) x = -INFINITY;
+      tSrS(i) = fast_exp2(x);
+    }
+    warpgroup_wait<0>();  // dP^T has landed
+    warpgroup_fence_operand(tSrdP);
+    const float* delta = shared.delta[stage];
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrdP); ++i) {
+      tSrdP(i) = tSrS(i) * (tSrdP(i) - delta[get<1>(tScS(i))]);
+    }
+    // Nothing is in flight here, so S^T and dP^T (64 fp32 registers) become the 16-bit P^T and
+    // dS^T (16 registers) before the next three GEMMs take registers: dK, dV, P^T, dS^T and dQ
+    // then fit the consumers' 240 registers.
+    convert_pairs<Element>(tSrS, tdVrP);
+    convert_pairs<Element>(tSrdP, tdKrdS);
+    if (accumulate_dq) {
+      // dS^T into the buffer: each pair of adjacent queries is one 32-bit store (queries are
+      // contiguous in the dS layout).
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(raw_pointer_cast(tdKrdS.data()));
+      Tensor dst = tSsdS(_, _, _, buffer);
+      CUTE_UNROLL
+      for (int i = 0; i < size(dst) / 2; ++i) {
+        *reinterpret_cast<uint32_t*>(raw_pointer_cast(&dst(2 * i))) = pairs[i];
+      }
+    }
+    issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage),
+                                                            tdVrdV);
+    if (accumulate_dq) {
+      cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
+      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
+      issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+                                                              tdQrKt, tdQrdQ);
+    }
+    issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage),
+                                                            tdKrdK);
+    // dV and dQ have landed (groups complete in order); dK += dS^T Q runs on while dQ is added
+    // into the accumulator.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdVrP);
+    warpgroup_fence_operand(tdQrdQ);
+    if (accumulate_dq) {
+      const int rows = static_cast<int>(min(int64_t{kBlockM}, f.seqlen_q - m_begin));
+      float* dq_rows = dq_accum + ((work.b * f.heads_q + h) * f.seqlen_q + m_begin) * kHeadDim;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdQrdQ); i += 2) {
+        const int row = get<0>(tdQcdQ(i));
+        if (row < rows) {
+          reduce_add_pair(dq_rows + row * kHeadDim + get<1>(tdQcdQ(i)), tdQrdQ(i), tdQrdQ(i + 1));
+        }
+      }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdKrdS);
+    shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
+  }
+
+  // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
+  // n * kv_stride, and keys past kept_keys are never written.
+  const float scale = static_cast<float>(p.scale);
+  const int64_t dk_row = p.dk_row_stride * f.kv_stride;
+  const int64_t dv_row = p.dv_row_stride * f.kv_stride;
+  Element* dk = static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride +
+                work.h_kv * p.dk_head_stride + work.n_begin * dk_row;
+  Element* dv = static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride +
+                work.h_kv * p.dv_head_stride + work.n_begin * dv_row;
+  const int keys = static_cast<int>(min(int64_t{kBlockN}, f.kept_keys - work.n_begin));
+  CUTE_UNROLL
+  for (int i = 0; i < size(tdKrdK); i += 2) {
+    const int key = get<0>(tdKVcdKV(i));
+    if (key < keys) {
+      const int col = get<1>(tdKVcdKV(i));
+      *reinterpret_cast<uint32_t*>(dk + key * dk_row + col) =
+          pack_pair<Element>(tdKrdK(i) * scale, tdKrdK(i + 1) * scale);
+      *reinterpret_cast<uint32_t*>(dv + key * dv_row + col) =
+          pack_pair<Element>(tdVrdV(i), tdVrdV(i + 1));
+    }
+  }
+  // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients.
+  if (f.kv_stride > 1) {
+    const int64_t first_row = work.n_begin * f.kv_stride;
+    const int64_t end_row = min((work.n_begin + kBlockN) * f.kv_stride, p.seqlen_k);
+    Element* dk_head =
+        static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride + work.h_kv * p.dk_head_stride;
+    Element* dv_head =
+        static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride + work.h_kv * p.dv_head_stride;
+    constexpr int kPairs = kHeadDim / 2;
+    for (int64_t i = tid; i < (end_row - first_row) * kPairs;
+         i += BackwardConfig::kConsumerThreads) {
+      const int64_t row = first_row + i / kPairs;
+      const int64_t col = 2 * (i % kPairs);
+      if (row % f.kv_stride != 0) {
+        *reinterpret_cast<uint32_t*>(dk_head + row * p.dk_row_stride + col) = 0u;
+        *reinterpret_cast<uint32_t*>(dv_head + row * p.dv_row_stride + col) = 0u;
+      }
+    }
+  }
+}
+
+// __launch_bounds__(threads, 1) caps registers at entry so setmaxnreg can move them from the
+// producer warpgroup to the consumers.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(BackwardConfig::kThreads, 1)
+    backward_kernel(const __grid_constant__ KernelParams<Element, kHeadDim> params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = Traits<Element, kHeadDim>;
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  auto& shared = *reinterpret_cast<typename T::SharedStorage*>(shared_bytes);
+  const BlockWork work(params.p);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_dout.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    shared.barrier_kv.init(1);
+    for (int s = 0; s < T::kStages; ++s) {
+      // The TMA thread's arrive (with the byte count) and the statistics warp's 32 arrivals.
+      shared.full[s].init(1 + BackwardConfig::kStatsThreads);
+      shared.empty[s].init(BackwardConfig::kConsumerThreads);
+    }
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (warp < 4) {
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (warp == 0 && lane == 0) {
+      load_tiles<Element, kHeadDim>(params, shared, work);
+    } else if (warp == 1) {
+      load_row_statistics<Element, kHeadDim>(params.p, shared, work, lane);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<240>();
+    consume<Element, kHeadDim>(params, shared, work);
+  }
+#else
+  __trap();  // compiled for sm_90a only; the host never launches it elsewhere
+#endif
+}
+
+}  // namespace samattn::hopper::bwd

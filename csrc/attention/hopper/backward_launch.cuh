@@ -1,0 +1,103 @@
+// Internal: the body of hopper::launch_backward, included only by the generated instantiation
+// files (compiled for sm_90a alone): zeroes the dQ accumulator, builds the TMA descriptors,
+// launches the dK/dV(/dQ) kernel, then the tensor-core backward's dQ finishing kernel.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "attention/hopper/backward_kernel.cuh"
+#include "attention/hopper/backward_launch.h"
+#include "attention/tensor_core/backward_launch.h"
+#include "common/check.h"
+#include "common/cuda_check.h"
+#include "common/device.h"
+
+namespace samattn::hopper {
+namespace bwd {
+
+template <DType kDType>
+struct CuteElement;
+template <>
+struct CuteElement<DType::kFloat16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct CuteElement<DType::kBFloat16> {
+  using type = cutlass::bfloat16_t;
+};
+
+// A (seqlen, head_dim, heads, batch) view of a tensor for its TMA descriptor. A dimension of
+// extent 1 is never stepped along, so its stride may be anything; TMA still wants every stride
+// 16-byte aligned, so such strides become head_dim elements (backward_supports() has checked
+// the others).
+template <typename Element>
+auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, int64_t batch,
+                 int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+  using namespace cute;
+  const auto usable = [&](int64_t stride, int64_t extent) {
+    return extent > 1 ? stride : int64_t{head_dim};
+  };
+  const GmemShape shape(static_cast<int32_t>(seqlen), head_dim, static_cast<int32_t>(heads),
+                        static_cast<int32_t>(batch));
+  const GmemStride stride(usable(row_stride, seqlen), _1{}, usable(head_stride, heads),
+                          usable(batch_stride, batch));
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)), make_layout(shape, stride));
+}
+
+}  // namespace bwd
+
+template <DType kDType, int kHeadDim>
+void launch_backward(const detail::BackwardKernelParams& p, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename bwd::CuteElement<kDType>::type;
+  using T = bwd::Traits<Element, kHeadDim>;
+  const detail::ForwardKernelParams& f = p.fwd;
+  const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
+  if (p.dq_accum != nullptr && dq_elements > 0) {
+    SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
+  }
+  if (f.kept_keys > 0) {
+    const int64_t n_blocks = (f.kept_keys + T::kBlockN - 1) / T::kBlockN;
+    const int64_t blocks = n_blocks * f.batch * p.heads_kv;
+    SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
+                  T::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
+                  std::numeric_limits<int>::max(), " blocks");
+    auto k = bwd::gmem_tensor<Element>(f.k, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                                       f.k_row_stride, f.k_head_stride, f.k_batch_stride);
+    auto v = bwd::gmem_tensor<Element>(f.v, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                                       f.v_row_stride, f.v_head_stride, f.v_batch_stride);
+    // With no query rows the kernel loads no Q / dO tile, and q / dout may be empty allocations
+    // (null, or zero strides): their descriptors then describe k instead, valid and never read.
+    const bool no_queries = f.seqlen_q == 0;
+    auto q = no_queries
+                 ? k
+                 : bwd::gmem_tensor<Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
+                                             f.q_row_stride, f.q_head_stride, f.q_batch_stride);
+    auto dout = no_queries ? k
+                           : bwd::gmem_tensor<Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q,
+                                                       f.batch, p.do_row_stride, p.do_head_stride,
+                                                       p.do_batch_stride);
+    const auto q_smem = take<0, 2>(typename T::SmemLayoutQ{});
+    const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
+    const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
+    bwd::KernelParams<Element, kHeadDim> params{
+        p,
+        q.shape(),
+        k.shape(),
+        make_tma_copy(SM90_TMA_LOAD{}, q, q_smem, q_tile, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, dout, q_smem, q_tile, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, k, typename T::SmemLayoutKV{}, kv_tile, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, v, typename T::SmemLayoutKV{}, kv_tile, _1{}),
+    };
+    const auto kernel = bwd::backward_kernel<Element, kHeadDim>;
+    // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
+    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes);
+    kernel<<<static_cast<unsigned>(blocks), BackwardConfig::kThreads, T::kSmemBytes, stream>>>(
+        params);
+    SAMATTN_CHECK_LAUNCH();
+  }
+  tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);
+}
+
+}  // namespace samattn::hopper

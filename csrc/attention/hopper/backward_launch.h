@@ -1,0 +1,35 @@
+// Internal: the Hopper (sm_90a) attention backward: host-side support query and dispatch. The
+// kernels exist only when the library is built with SAMATTN_HAVE_SM90 (CuTe headers found);
+// otherwise backward_supports() says so and kAuto never picks this path.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "attention/backward_kernel_params.h"
+#include "samattn/attention.h"
+#include "samattn/types.h"
+
+namespace samattn::hopper {
+
+// dK and dV with the wgmma/TMA kernel, and dQ: with params.dq_accum set, added into it by the
+// same kernel and then scaled and rounded by the tensor-core backward's conversion kernel;
+// otherwise by the tensor-core backward's deterministic dQ kernel. D must already be in
+// params.delta. One instantiation per (dtype, head dim), in generated files.
+template <DType kDType, int kHeadDim>
+void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t stream);
+
+// Whether the dtype and head dims have an instantiation (no device query).
+bool backward_has_kernel(const AttentionParams& params);
+
+// Whether the Hopper backward can run `params` (already validated) on the current device;
+// otherwise the message says why ("backend hopper does not support ..."). Checks the build,
+// mask options, dtype, head dims, compute capability 9.0, shared memory, the TMA alignment of
+// q, k, v and dout and the 16-byte alignment of out, dq, dk and dv.
+Status backward_supports(const AttentionBackwardParams& params);
+
+// Picks the instantiation for (dtype, head dim) and launches it. The caller has checked
+// backward_supports() and run the D preprocess.
+void dispatch_backward(DType dtype, const detail::BackwardKernelParams& params,
+                       cudaStream_t stream);
+
+}  // namespace samattn::hopper

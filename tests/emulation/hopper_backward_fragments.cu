@@ -1,0 +1,102 @@
+// Host-side check of the fragment assumptions of csrc/attention/hopper/backward_kernel.cuh, on
+// the kernel's own CuTe types (no GPU needed; CuTe layouts evaluate on the host):
+//  - every accumulator element pair (2i, 2i + 1) of S^T, dQ and dK/dV is two adjacent columns of
+//    one row (the kernel packs them into one 32-bit store / one 8-byte reduction);
+//  - element i of an S^T fragment is in the row of element 0 or 2 as (i / 2) % 2 says (the mask);
+//  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV and dQ's columns
+//    [w D / 2, (w + 1) D / 2);
+//  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
+//    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
+//  - the fragments cover every tile element exactly once.
+// Build and run (from the repository root):
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//     -I csrc/include -I csrc -isystem $CUTLASS_INCLUDE -isystem $(dirname $(which
+//     nvcc))/../include/cccl \ tests/emulation/hopper_backward_fragments.cu -o
+//     /tmp/hopper_backward_fragments
+//   /tmp/hopper_backward_fragments      -> "OK", exit 0
+// ($CUTLASS_INCLUDE: the nvidia-cutlass wheel's source/include, as csrc/CMakeLists.txt finds it.)
+#include <cstdio>
+#include <set>
+
+#include "attention/hopper/backward_kernel.cuh"
+
+using namespace cute;
+using namespace samattn::hopper::bwd;
+
+template <typename Element, int kHeadDim>
+int check() {
+  using T = Traits<Element, kHeadDim>;
+  int bad = 0;
+  const auto report = [&](const char* what, int tid, int i) {
+    if (bad++ < 10) printf("D=%d: %s (thread %d, element %d)\n", kHeadDim, what, tid, i);
+  };
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmaDKV mma_dkv;
+  typename T::TiledMmaDQ mma_dq;
+  const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
+  const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
+  const auto dq_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
+  // Swizzles act on address bits: evaluate the layouts through a 1024-byte-aligned pointer.
+  Element* base = reinterpret_cast<Element*>(0x10000);
+  Tensor sdS = make_tensor(make_smem_ptr(base), typename T::SmemLayoutDs{});
+  Tensor sdSt = make_tensor(make_smem_ptr(base), typename T::SmemLayoutDst{});
+  const auto offset = [&](auto&& element) { return long(raw_pointer_cast(&element) - base); };
+  std::set<int> sdp_seen, dq_seen, dkv_seen;
+  std::set<long> ds_seen;
+  for (int tid = 0; tid < 256; ++tid) {
+    const int warpgroup = tid / 128;
+    auto thr_sdp = mma_sdp.get_thread_slice(tid);
+    Tensor c = thr_sdp.partition_C(make_identity_tensor(sdp_tile));
+    Tensor stores = thr_sdp.partition_C(sdSt);
+    for (int i = 0; i < size(c); ++i) {
+      const int key = get<0>(c(i)), query = get<1>(c(i));
+      sdp_seen.insert(key * T::kBlockM + query);
+      if (key / 64 != warpgroup) report("S^T row outside the warpgroup's keys", tid, i);
+      if (get<0>(c((i / 2) % 2 == 0 ? 0 : 2)) != key) report("row-half rule", tid, i);
+      if (i % 2 == 1 && (get<0>(c(i - 1)) != key || get<1>(c(i - 1)) != query - 1)) {
+        report("S^T pair not adjacent", tid, i);
+      }
+      for (int buffer = 0; buffer < 2; ++buffer) {
+        Tensor dst = stores(_, _, _, buffer);
+        const long at = offset(dst(i));
+        if (at != offset(sdS(query, key, buffer))) report("dS^T store != dS read", tid, i);
+        if (i % 2 == 1 && at != offset(dst(i - 1)) + 1) report("dS^T pair not adjacent", tid, i);
+        if (buffer == 0) ds_seen.insert(at);
+      }
+    }
+    Tensor cq = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(dq_tile));
+    for (int i = 0; i < size(cq); ++i) {
+      const int row = get<0>(cq(i)), col = get<1>(cq(i));
+      dq_seen.insert(row * kHeadDim + col);
+      if (col / (kHeadDim / 2) != warpgroup)
+        report("dQ column outside the warpgroup's half", tid, i);
+      if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
+        report("dQ pair not adjacent", tid, i);
+      }
+    }
+    Tensor ck = mma_dkv.get_thread_slice(tid).partition_C(make_identity_tensor(dkv_tile));
+    for (int i = 0; i < size(ck); ++i) {
+      const int row = get<0>(ck(i)), col = get<1>(ck(i));
+      dkv_seen.insert(row * kHeadDim + col);
+      if (row / 64 != warpgroup) report("dK/dV row outside the warpgroup's keys", tid, i);
+      if (i % 2 == 1 && (get<0>(ck(i - 1)) != row || get<1>(ck(i - 1)) != col - 1)) {
+        report("dK/dV pair not adjacent", tid, i);
+      }
+    }
+  }
+  if (int(sdp_seen.size()) != T::kBlockN * T::kBlockM) report("S^T coverage", -1, -1);
+  if (int(ds_seen.size()) != T::kBlockN * T::kBlockM) report("dS store coverage", -1, -1);
+  if (int(dq_seen.size()) != T::kBlockM * kHeadDim) report("dQ coverage", -1, -1);
+  if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
+  printf("%s D=%d: %d problems, shared memory %d bytes\n",
+         sizeof(Element) == 2 && cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16",
+         kHeadDim, bad, T::kSmemBytes);
+  return bad;
+}
+
+int main() {
+  const int bad = check<cutlass::bfloat16_t, 64>() + check<cutlass::bfloat16_t, 128>() +
+                  check<cutlass::half_t, 64>() + check<cutlass::half_t, 128>();
+  printf("%s\n", bad == 0 ? "OK" : "FAIL");
+  return bad == 0 ? 0 : 1;
+}
