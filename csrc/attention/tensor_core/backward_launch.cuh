@@ -25,31 +25,6 @@ inline void allow_backward_smem(const void* kernel, int bytes, int with_tile) {
       kernel, with_tile <= detail::current_device_info().max_smem_optin ? with_tile : bytes);
 }
 
-template <DType kDType, int kHeadDim>
-void launch_backward_dq(const detail::BackwardKernelParams& params, cudaStream_t stream) {
-  using Element = typename detail::ElementOf<kDType>::type;
-  using Cfg = BackwardConfig<kHeadDim>;
-  const detail::ForwardKernelParams& f = params.fwd;
-  const bool atomic_dq = params.dq_accum != nullptr;
-  const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
-  if (f.seqlen_q == 0) return;
-  if (atomic_dq) {
-    const int64_t wanted = (dq_elements + kConvertThreads - 1) / kConvertThreads;
-    // A grid-stride loop: enough blocks to fill the device several times over.
-    const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
-    backward_dq_convert_kernel<Element>
-        <<<static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap))), kConvertThreads, 0,
-           stream>>>(params);
-    SAMATTN_CHECK_LAUNCH();
-  } else {
-    const auto kernel = backward_dq_kernel<Element, kHeadDim>;
-    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-    kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        params);
-    SAMATTN_CHECK_LAUNCH();
-  }
-}
-
 // Blocks of a grid-stride conversion kernel over `elements`: enough to fill the device several
 // times over.
 inline unsigned convert_grid(int64_t elements) {
@@ -61,14 +36,14 @@ inline unsigned convert_grid(int64_t elements) {
 // Shared memory of the (masked or plain) dK/dV and dQ kernels for this call, and the size with
 // the mask tile that a masked kernel opts into where the device has it.
 template <int kHeadDim>
-struct BackwardSmem {
+struct LaunchSmem {
   int bytes, with_tile;
-  explicit BackwardSmem(const detail::ForwardKernelParams& f) {
+  explicit LaunchSmem(const detail::ForwardKernelParams& f) {
     const bool masked = detail::needs_masked_kernel(f);
     bytes = masked ? backward_masked_smem_bytes(kHeadDim, detail::needs_mask_tile(f))
                    : BackwardConfig<kHeadDim>::kSmemBytes;
-    with_tile = masked ? backward_masked_smem_bytes(kHeadDim, true)
-                       : BackwardConfig<kHeadDim>::kSmemBytes;
+    with_tile =
+        masked ? backward_masked_smem_bytes(kHeadDim, true) : BackwardConfig<kHeadDim>::kSmemBytes;
   }
 };
 
@@ -88,9 +63,10 @@ void launch_backward_dq(const detail::BackwardKernelParams& params, cudaStream_t
         <<<convert_grid(dq_rows(f) * kHeadDim), kConvertThreads, 0, stream>>>(params);
     SAMATTN_CHECK_LAUNCH();
   } else {
-    const BackwardSmem<kHeadDim> smem(f);
-    const auto kernel = detail::needs_masked_kernel(f) ? backward_dq_kernel<Element, kHeadDim, true>
-                                                       : backward_dq_kernel<Element, kHeadDim, false>;
+    const LaunchSmem<kHeadDim> smem(f);
+    const auto kernel = detail::needs_masked_kernel(f)
+                            ? backward_dq_kernel<Element, kHeadDim, true>
+                            : backward_dq_kernel<Element, kHeadDim, false>;
     allow_backward_smem(reinterpret_cast<const void*>(kernel), smem.bytes, smem.with_tile);
     kernel<<<detail::query_block_grid(f, Cfg::kBlockM), Cfg::kThreads, smem.bytes, stream>>>(
         params);
@@ -105,7 +81,7 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
   const detail::ForwardKernelParams& f = params.fwd;
   const bool atomic_dq = params.dq_accum != nullptr;
   const bool masked = detail::needs_masked_kernel(f);
-  const BackwardSmem<kHeadDim> smem(f);
+  const LaunchSmem<kHeadDim> smem(f);
   const int64_t dq_elements = dq_rows(f) * kHeadDim;
   if (atomic_dq && dq_elements > 0 && !params.skip_zero) {
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, dq_elements * sizeof(float), stream));
