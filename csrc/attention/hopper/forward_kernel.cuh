@@ -35,6 +35,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "attention/hopper/forward_config.h"
+#include "attention/hopper/wgmma_utils.cuh"
 #include "attention/kernel_params.h"
 
 namespace samattn::hopper {
@@ -132,73 +133,6 @@ __device__ __forceinline__ int64_t row_key_end(const detail::ForwardKernelParams
                                                int64_t query) {
   if (!p.causal) return p.kept_keys;
   return min(query / p.kv_stride + 1, p.kept_keys);
-}
-
-// Accumulator fragment ((2, 2, N/8), M, 1) of a 64xN wgmma -> the A-operand fragment
-// ((2, 2, 2), M, N/16) of the next wgmma with K = N: the same registers regrouped, 16 keys per
-// k-block (values are ordered column pair, row half, 8-column half in both).
-template <typename AccLayout>
-__device__ __forceinline__ auto accumulator_as_a_operand(AccLayout acc) {
-  using namespace cute;
-  auto values = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
-  return make_layout(make_layout(get<0>(values), get<1>(values), get<2, 0>(values)), get<1>(acc),
-                     get<2, 1>(values));
-}
-
-// Issues one warpgroup GEMM C (+)= A B over all k-blocks as one wgmma group; with kWait, also
-// waits for it. Without, the caller waits (warpgroup_wait<n>) and then fences C (and a register
-// A) with finish_operands: a wgmma's register operands belong to the tensor cores until
-// wgmma.wait_group returns, and the fences keep the compiler from touching them before.
-// kAInRegisters: A is a register fragment, not shared-memory descriptors.
-template <bool kZeroInit, bool kAInRegisters, bool kWait, typename TiledMma, typename TA,
-          typename TB, typename TC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA& a, const TB& b, TC& c) {
-  using namespace cute;
-  if constexpr (kAInRegisters) warpgroup_fence_operand(a);
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int kb = 0; kb < size<2>(a); ++kb) {
-    gemm(mma, a(_, _, kb), b(_, _, kb), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (kWait) {
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(c);
-    if constexpr (kAInRegisters) warpgroup_fence_operand(a);
-  }
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float value) {
-  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
-  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float value) {
-  value += __shfl_xor_sync(0xffffffffu, value, 1);
-  return value + __shfl_xor_sync(0xffffffffu, value, 2);
-}
-
-// Two floats rounded to nearest into the operand type, packed as one 32-bit register (lo in
-// the low half: the lower column / key).
-template <typename Element>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  if constexpr (cute::is_same_v<Element, cutlass::bfloat16_t>) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-    return reinterpret_cast<const uint32_t&>(pair);
-  } else {
-    static_assert(cute::is_same_v<Element, cutlass::half_t>, "fp16 or bf16 operands");
-    const __half2 pair = __floats2half2_rn(lo, hi);
-    return reinterpret_cast<const uint32_t&>(pair);
-  }
 }
 
 template <typename Element, int kHeadDim>
@@ -355,8 +289,8 @@ __device__ __forceinline__ void consumer(
     // The first (last in key order) block: S, softmax, P; O is still zero.
     int n_block = n_blocks - 1;
     pipeline_k.consumer_wait(state);
-    warpgroup_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false, /*kWait=*/true>(
-        mma_s, tSrQ, tSrK(_, _, _, state.index()), tSrS);
+    warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
+        mma_s, tSrQ, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
     pipeline_k.consumer_release(state);
     scale_and_mask(n_block);
     float rescale[2];
@@ -368,11 +302,11 @@ __device__ __forceinline__ void consumer(
       typename Traits::PipelineState next = state;
       ++next;
       pipeline_k.consumer_wait(next);
-      warpgroup_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false, /*kWait=*/false>(
-          mma_s, tSrQ, tSrK(_, _, _, next.index()), tSrS);
+      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+          mma_s, tSrQ, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
       pipeline_v.consumer_wait(state);
-      warpgroup_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true, /*kWait=*/false>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO);
+      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
+          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/false);
       warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
       warpgroup_fence_operand(tSrS);
       pipeline_k.consumer_release(next);
@@ -388,8 +322,8 @@ __device__ __forceinline__ void consumer(
       state = next;
     }
     pipeline_v.consumer_wait(state);
-    warpgroup_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true, /*kWait=*/true>(
-        mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO);
+    warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
+        mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/false);
     pipeline_v.consumer_release(state);
   }
 
