@@ -2,7 +2,7 @@
 (backend="tensor_core") against torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends,
 in one process, bf16 by default.
 
-Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {1k, 2k, 4k, 8k, 16k} (--seqlens), D in
+Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
 {64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
 with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
 `kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run. Every method's output is first compared with SDPA flash's on the
@@ -168,12 +168,40 @@ def commit() -> str:
         return "unknown"
 
 
+def print_summary(result: dict) -> None:
+    """One line per shape: TFLOPS of samattn's Hopper path, cuDNN and FA2, and the ratios."""
+    def tflops(row, name):
+        return row["methods"].get(name, {}).get("tflops")
+
+    def ratio(a, b):
+        return f"{a / b:5.2f}" if a and b else "  -  "
+
+    def cell(x):
+        return f"{x:6.1f}" if x else "   ERR"
+
+    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f})")
+    print(f"{'shape':<36} {'hopper':>6} {'cudnn':>6} {'fa2':>6}  /cudnn  /fa2")
+    for row in result["rows"]:
+        ours, cudnn, fa2 = (tflops(row, n) for n in ("samattn-hopper", "sdpa-cudnn", "sdpa-flash"))
+        print(f"{row['label']:<36} {cell(ours)} {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn)}"
+              f"  {ratio(ours, fa2)}")
+    strided = result.get("strided")
+    if strided:
+        ms = {n: e.get("median_ms") for n, e in strided["methods"].items()}
+        ours, cudnn = ms.get("samattn"), ms.get("sdpa-cudnn-view")
+        print(f"{strided['label']}: samattn {ours or float('nan'):.3f} ms, cuDNN on the view "
+              f"{cudnn or float('nan'):.3f} ms ({ratio(cudnn, ours).strip()}x), FA2 on the view "
+              f"{ms.get('sdpa-flash-view') or float('nan'):.3f} ms, Flex "
+              f"{ms.get('flex-mask_mod') or float('nan'):.3f} ms")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="hopper_forward.json")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--min-reps", type=int, default=10)
-    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--seqlens", type=int, nargs="+",
+                        default=[512, 1024, 2048, 4096, 8192, 16384])
     args = parser.parse_args(argv)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
@@ -202,6 +230,7 @@ def main(argv=None) -> int:
         for n, e in row["methods"].items()), flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    print_summary(result)
     errors = [(r["label"], n, e["error"]) for r in result["rows"]
               for n, e in r["methods"].items() if "error" in e and n.startswith("samattn")]
     for label, name, error in errors:

@@ -62,6 +62,14 @@ Status supports(const AttentionParams& p) {
     return unsupported(
         detail::concat("extents above ", kMaxExtent, " (TMA coordinates are 32-bit)"));
   }
+  // The persistent kernel numbers its query tiles with int32.
+  const int64_t tiles =
+      p.batch * p.heads_q *
+      ((p.seqlen_q + forward_tile(p.head_dim).block_m() - 1) / forward_tile(p.head_dim).block_m());
+  if (tiles > kMaxExtent) {
+    return unsupported(
+        detail::concat("batch * heads_q * query tiles = ", tiles, " above ", kMaxExtent));
+  }
   // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
   const int64_t keys = detail::strided_key_count(p);
   // q, k and v are read through TMA descriptors; the output is written with plain 4-byte stores

@@ -18,7 +18,7 @@ namespace samattn::hopper {
 // ((2, 2, 2), M, N/16) of the next wgmma with K = N: the same registers regrouped, 16 keys per
 // k-block (values are ordered column pair, row half, 8-column half in both).
 template <typename AccLayout>
-__device__ __forceinline__ auto accumulator_as_a_operand(AccLayout acc) {
+CUTE_HOST_DEVICE auto accumulator_as_a_operand(AccLayout acc) {
   using namespace cute;
   auto values = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
   return make_layout(make_layout(get<0>(values), get<1>(values), get<2, 0>(values)), get<1>(acc),
