@@ -71,7 +71,7 @@ METHODS = {
 }
 
 
-def bench(cfg: AttentionConfig, min_reps: int) -> dict:
+def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
     shape = (cfg.batch, cfg.heads, cfg.seqlen, cfg.head_dim)
     dtype = cfg.torch_dtype
     bytes_per_set = 4 * cfg.batch * cfg.heads * cfg.seqlen * cfg.head_dim * dtype.itemsize
@@ -99,7 +99,7 @@ def bench(cfg: AttentionConfig, min_reps: int) -> dict:
             row["methods"][name] = entry
             continue
         calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
-        timing = measure(calls, min_reps=min_reps)
+        timing = measure(calls, min_reps=min_reps, budget_ms=budget_ms)
         entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
                      reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
         row["methods"][name] = entry
@@ -108,7 +108,7 @@ def bench(cfg: AttentionConfig, min_reps: int) -> dict:
     return row
 
 
-def strided(dtype: str, min_reps: int, stride: int = 4) -> dict:
+def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dict:
     """samattn's kv_stride option against what each competitor would be given."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -143,7 +143,7 @@ def strided(dtype: str, min_reps: int, stride: int = 4) -> dict:
         if not diff <= WRONG_ABOVE:
             entry["error"] = f"wrong output: {diff:.3e}"
         else:
-            timing = measure([run], min_reps=min_reps)
+            timing = measure([run], min_reps=min_reps, budget_ms=budget_ms)
             entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
                          reps=timing.reps,
                          tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
@@ -200,6 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="hopper_forward.json")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--min-reps", type=int, default=10)
+    parser.add_argument("--budget-ms", type=float, default=400.0,
+                        help="measured time per method and shape (at least --min-reps runs)")
     parser.add_argument("--seqlens", type=int, nargs="+",
                         default=[512, 1024, 2048, 4096, 8192, 16384])
     args = parser.parse_args(argv)
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     result["cublas_8192_tflops"] = cublas_tflops(DTYPES[args.dtype])
     print(f"cuBLAS {args.dtype} 8192^3: {result['cublas_8192_tflops']:.1f} TFLOPS", flush=True)
     for cfg in configs(args.dtype, args.seqlens):
-        row = bench(cfg, args.min_reps)
+        row = bench(cfg, args.min_reps, args.budget_ms)
         result["rows"].append(row)
         cells = []
         for name, entry in row["methods"].items():
@@ -223,7 +225,7 @@ def main(argv=None) -> int:
         ratio = f" | hopper/flash {ours / flash:.2f}x" if flash and ours else ""
         hopper_share = f" | {ours / result['cublas_8192_tflops']:.2f} of cuBLAS" if ours else ""
         print(f"{row['label']:<36} " + "  ".join(cells) + ratio + hopper_share, flush=True)
-    row = strided(args.dtype, args.min_reps)
+    row = strided(args.dtype, args.min_reps, args.budget_ms)
     result["strided"] = row
     print(row["label"] + "  " + "  ".join(
         f"{n} {e['median_ms']:.3f} ms" if "median_ms" in e else f"{n} ERR"

@@ -19,11 +19,15 @@ constexpr bool is_supported_head_dim(int64_t head_dim) {
 
 // One block = one producer warpgroup (a single thread issues every TMA copy) and
 // consumer_warpgroups consumer warpgroups, each owning 64 query rows of the block's tile (the
-// wgmma M of one warpgroup is 64). block_n keys per pipeline stage, `stages` K and V stages.
+// wgmma M of one warpgroup is 64). block_n keys per pipeline stage, `stages` K and V stages,
+// q_buffers Q tiles (2: the next tile's Q loads while the current one is still in use).
 struct ForwardTile {
   int consumer_warpgroups;
   int block_n;
   int stages;
+  int q_buffers;
+  // 0, or k: every k-th exponential of an unmasked block runs on the FMA pipe, not the MUFU.
+  int exp2_fma_share;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -34,23 +38,27 @@ struct ForwardTile {
 };
 
 // Head dim 64: S (64 fp32 registers per thread at 128 keys), P (32) and O (32) leave room, and
-// 3 stages of K and V (96 KiB) keep the copy engine ahead of a MUFU-bound softmax.
-// Head dim 128: S 64 + P 32 + O 64 registers; Q + 2 stages = 160 KiB.
+// 3 stages of K and V (96 KiB) keep the copy engine ahead of a MUFU-bound softmax; 2 Q tiles
+// (32 KiB). Per key block and consumer warp the GEMMs take 512 tensor clocks and 64 ex2 per
+// thread 512 MUFU clocks: one exponential in 8 on the FMA pipe (~12 more issue slots each)
+// takes the MUFU to 448 and keeps the issue slots under the tensor time.
+// Head dim 128: S 64 + P 32 + O 64 registers; 2 Q tiles + 2 stages = 192 KiB.
 // Head dim 256: O alone is 128 registers; 80 keys per stage (S 40, P 20) is the widest that lets
-// Q (64 KiB) and 2 stages of K and V (160 KiB) fit the 227 KiB an H100 block may opt in to.
+// one Q tile (64 KiB) and 2 stages of K and V (160 KiB) fit the 227 KiB an H100 block may opt in
+// to. The next tile's Q then waits until the consumers are done with the current one.
 constexpr ForwardTile forward_tile(int64_t head_dim) {
-  if (head_dim <= 64) return {2, 128, 3};
-  if (head_dim <= 128) return {2, 128, 2};
-  return {2, 80, 2};
+  if (head_dim <= 64) return {2, 128, 3, 2, 8};
+  if (head_dim <= 128) return {2, 128, 2, 2, 0};
+  return {2, 80, 2, 1, 0};
 }
 
-// Q tile + stages x (K tile + V tile), plus a little for the mbarriers (checked against the
+// Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the
 // kernel's SharedStorage by a static_assert in forward_traits.cuh).
 inline constexpr int kBarrierBytes = 1024;
 constexpr int forward_smem_bytes(int64_t head_dim, int element_bytes) {
   const ForwardTile tile = forward_tile(head_dim);
-  const int64_t elements =
-      tile.block_m() * head_dim + 2 * int64_t{tile.stages} * tile.block_n * head_dim;
+  const int64_t elements = int64_t{tile.q_buffers} * tile.block_m() * head_dim +
+                           2 * int64_t{tile.stages} * tile.block_n * head_dim;
   return static_cast<int>(elements * element_bytes) + kBarrierBytes;
 }
 

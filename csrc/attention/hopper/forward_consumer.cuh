@@ -52,20 +52,27 @@ __device__ __forceinline__ void consumer_loop(
   constexpr int kBlockN = Traits::kBlockN;
   const detail::ForwardKernelParams& p = params.p;
   const TileSchedule& schedule = params.schedule;
+  const TileGeometry& g = params.geometry;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
-  const TurnBarrier<Traits::kConsumerWarpgroups> turn{tid / 128};
+  // Broadcast from lane 0 so the compiler knows it is warp-uniform: everything derived from it
+  // (the shared-memory descriptors of the wgmma operands above all) then lives in uniform
+  // registers instead of taking per-thread ones.
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const TurnBarrier<Traits::kConsumerWarpgroups> turn{warpgroup};
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
   auto thr_s = mma_s.get_thread_slice(tid);
-  auto thr_o = mma_o.get_thread_slice(tid);
+  // The operand descriptors are the same for every thread of a warpgroup: slice at its first.
+  auto warpgroup_s = mma_s.get_thread_slice(warpgroup * 128);
+  auto warpgroup_o = mma_o.get_thread_slice(warpgroup * 128);
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
-  Tensor tSrQ = thr_s.partition_fragment_A(sQ);    // (MMA, 1, K) descriptors
-  Tensor tSrK = thr_s.partition_fragment_B(sK);    // (MMA, 1, K, stage)
-  Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, 1, N/16, stage)
+  Tensor tSrQ = warpgroup_s.partition_fragment_A(sQ);    // (MMA, 1, K, Q buffer) descriptors
+  Tensor tSrK = warpgroup_s.partition_fragment_B(sK);    // (MMA, 1, K, stage)
+  Tensor tOrVt = warpgroup_o.partition_fragment_B(sVt);  // (MMA, 1, N/16, stage)
   Tensor tSrS =
       partition_fragment_C(mma_s, Shape<typename Traits::BlockM, typename Traits::BlockN>{});
   Tensor tOrO =
@@ -76,12 +83,12 @@ __device__ __forceinline__ void consumer_loop(
   // (row, column) of every accumulator element within the block's tile.
   Tensor tScS = thr_s.partition_C(
       make_identity_tensor(Shape<typename Traits::BlockM, typename Traits::BlockN>{}));
-  Tensor tOcO = thr_o.partition_C(
+  Tensor tOcO = mma_o.get_thread_slice(tid).partition_C(
       make_identity_tensor(Shape<typename Traits::BlockM, typename Traits::HeadDim>{}));
   // A thread holds two rows of its warp's 16: element i of an accumulator is in row half
   // (i / 2) % 2 (wgmma's fragment order: column pair, row half, 8-column group).
   const int local_row[2] = {get<0>(tScS(0)), get<0>(tScS(2))};
-  const int warpgroup_first_row = 64 * turn.warpgroup;
+  const int warpgroup_first_row = 64 * warpgroup;
   uint32_t* p_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
 
   const float scale_log2 = static_cast<float>(p.scale_log2);
@@ -95,33 +102,32 @@ __device__ __forceinline__ void consumer_loop(
   for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
     const int tiles = schedule.tiles_in(unit);
     for (int half = 0; half < tiles; ++half, ++tile_iteration) {
-      const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(p, schedule.tile(unit, half));
+      const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(unit, half));
       const int first_masked_block =
-          first_masked_key_block<kBlockN>(p, c.m_begin + warpgroup_first_row);
+          first_masked_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row);
 
       // Scores of key block n_block (in tSrS) -> probabilities; rescale as in RowSoftmax.
       auto softmax_block = [&](int n_block, float(&rescale)[2]) {
         const bool needs_mask = n_block >= first_masked_block;
         if (!needs_mask && fuse_scale) {
-          softmax.update(tSrS, scale_log2, rescale);
+          softmax.update<Traits::kTile.exp2_fma_share>(tSrS, scale_log2, rescale);
           return;
         }
         CUTE_UNROLL
         for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
         if (needs_mask) {
-          const int64_t n_begin = int64_t{n_block} * kBlockN;
           int limit[2];
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {
-            const int64_t end = row_key_end(p, c.m_begin + local_row[r]) - n_begin;
-            limit[r] = static_cast<int>(max(int64_t{0}, min(end, int64_t{kBlockN})));
+            const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+            limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
           }
           CUTE_UNROLL
           for (int i = 0; i < size(tSrS); ++i) {
             if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
           }
         }
-        softmax.update(tSrS, 1.f, rescale);
+        softmax.update<0>(tSrS, 1.f, rescale);
       };
       auto convert_p = [&]() {
         CUTE_UNROLL
@@ -131,18 +137,21 @@ __device__ __forceinline__ void consumer_loop(
       };
 
       softmax.reset();
-      shared.barrier_q_full.wait(tile_iteration & 1);
+      const int q_buffer = tile_iteration % Traits::kQBuffers;
+      auto& q_empty = shared.barrier_q_empty[q_buffer];
+      Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
+      shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
       if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
-        shared.barrier_q_empty.arrive();
+        q_empty.arrive();
         clear(tOrO);
       } else {
         // The first (last in key order) block: S, softmax, P; no output yet.
         int n_block = c.n_blocks - 1;
         pipeline_k.consumer_wait(state);
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
-            mma_s, tSrQ, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
+            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
         pipeline_k.consumer_release(state);
-        if (n_block == 0) shared.barrier_q_empty.arrive();
+        if (n_block == 0) q_empty.arrive();
         float rescale[2];
         softmax_block(n_block, rescale);
         convert_p();
@@ -155,7 +164,7 @@ __device__ __forceinline__ void consumer_loop(
           turn.wait();
           pipeline_k.consumer_wait(next);
           warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-              mma_s, tSrQ, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
+              mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
           pipeline_v.consumer_wait(state);
           warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
               mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
@@ -164,7 +173,7 @@ __device__ __forceinline__ void consumer_loop(
           warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
           finish_operands(tSrS);
           pipeline_k.consumer_release(next);
-          if (n_block == 0) shared.barrier_q_empty.arrive();  // the tile's last use of Q
+          if (n_block == 0) q_empty.arrive();  // the tile's last use of Q
           softmax_block(n_block, rescale);
           warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
           finish_operands(tOrO, tOrP);
@@ -190,7 +199,7 @@ __device__ __forceinline__ void consumer_loop(
         inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
       }
       Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
-                     int64_t{c.h} * p.o_head_stride + c.m_begin * p.o_row_stride;
+                     int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 2) {
         const int row = get<0>(tOcO(i));

@@ -39,8 +39,10 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim>::kThreads, 1)
     prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-    shared.barrier_q_full.init(1);
-    shared.barrier_q_empty.init(Traits::kConsumerThreads);
+    for (int i = 0; i < Traits::kQBuffers; ++i) {
+      shared.barrier_q_full[i].init(1);
+      shared.barrier_q_empty[i].init(Traits::kConsumerThreads);
+    }
   }
   typename Traits::Pipeline::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kKVBytes;

@@ -3,6 +3,7 @@
 // launches the persistent kernel with one block per SM (or per work unit, if fewer).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/hopper/forward_kernel.cuh"
@@ -74,13 +75,22 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
                    : detail_launch::gmem_tensor<Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
                                                          p.batch, p.v_row_stride, p.v_head_stride,
                                                          p.v_batch_stride);
+  // supports() has bounded every extent by 2^31 - 1.
+  const TileGeometry geometry{
+      static_cast<int32_t>(p.seqlen_q),
+      static_cast<int32_t>(p.kept_keys),
+      static_cast<int32_t>(std::min(p.kv_stride, std::max<int64_t>(p.seqlen_q, 1))),
+      static_cast<int32_t>(p.heads_q),
+      static_cast<int32_t>(p.group_size),
+      p.causal};
   HopperForwardParams<Element, kHeadDim> params{
       p,
+      geometry,
       schedule,
       q.shape(),
       k.shape(),
       v.shape(),
-      make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{},
+      make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
                     Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutKV{}),
                     Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),

@@ -1,6 +1,7 @@
 // Internal: the producer of the Hopper forward: one thread of warpgroup 0 walks the block's
-// query tiles in the scheduler's order and issues every TMA copy: per tile its Q (once the
-// consumers are done with the previous tile's) and the K and V tiles of its key blocks, last to
+// query tiles in the scheduler's order and issues every TMA copy: per tile its Q (into a free Q
+// buffer: with two, while the consumers still work on the previous tile) and the K and V tiles
+// of its key blocks, last to
 // first, into a kStages-deep ring guarded by mbarrier pipelines (full: the copy engine has landed
 // the bytes; empty: every consumer thread is done with the stage). The ring runs across tiles, so
 // the next tile's first keys and its Q arrive while the consumers finish the current one.
@@ -33,7 +34,7 @@ __device__ __forceinline__ void producer_loop(
     const int tiles = schedule.tiles_in(unit);
     for (int half = 0; half < tiles; ++half, ++tile_iteration) {
       const TileCoords c =
-          tile_coords<Traits::kBlockM, Traits::kBlockN>(params.p, schedule.tile(unit, half));
+          tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
       Tensor gQ =
           local_tile(mQ(_, _, c.h, c.b), Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
                      make_coord(c.m_block, _0{}));
@@ -67,10 +68,13 @@ __device__ __forceinline__ void producer_loop(
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
       int n_block = c.n_blocks - 1;
       if (n_block >= 0) load_k(n_block);
-      if (tile_iteration > 0) shared.barrier_q_empty.wait((tile_iteration - 1) & 1);
-      shared.barrier_q_full.arrive_and_expect_tx(Traits::kQBytes);
-      copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full), 0),
-           get<0>(q_copy), get<1>(q_copy));
+      // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase.
+      const int q_buffer = tile_iteration % Traits::kQBuffers;
+      const int q_use = tile_iteration / Traits::kQBuffers;
+      if (q_use > 0) shared.barrier_q_empty[q_buffer].wait((q_use - 1) & 1);
+      shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
+           get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
       if (n_block >= 0) load_v(n_block);
       for (--n_block; n_block >= 0; --n_block) {
         load_k(n_block);

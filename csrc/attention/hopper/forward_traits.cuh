@@ -31,6 +31,7 @@ struct KernelTraits {
   static constexpr int kBlockM = kTile.block_m();
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
+  static constexpr int kQBuffers = kTile.q_buffers;
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
   using HeadDim = cute::Int<kHeadDim>;
@@ -58,7 +59,8 @@ struct KernelTraits {
   using SmemAtomKV =
       decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
                                                                    BlockN, HeadDim>());
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomQ{}, cute::Shape<BlockM, HeadDim>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtomQ{}, cute::Shape<BlockM, HeadDim, cute::Int<kQBuffers>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtomKV{}, cute::Shape<BlockN, HeadDim, cute::Int<kStages>>{}));
   // The same bytes as SmemLayoutKV seen as (dim, key, stage): V^T for the second wgmma.
@@ -75,10 +77,10 @@ struct KernelTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    // Q full: the copy engine has landed the tile's Q. Q empty: every consumer thread is done
-    // with the last S GEMM of its tile, so the producer may load the next tile's Q.
-    cutlass::arch::ClusterTransactionBarrier barrier_q_full;
-    cutlass::arch::ClusterBarrier barrier_q_empty;
+    // Per Q buffer. Full: the copy engine has landed the tile's Q. Empty: every consumer thread
+    // is done with the last S GEMM of its tile, so the producer may load a later tile's Q.
+    cutlass::arch::ClusterTransactionBarrier barrier_q_full[kQBuffers];
+    cutlass::arch::ClusterBarrier barrier_q_empty[kQBuffers];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kHeadDim, sizeof(Element)),
@@ -94,14 +96,26 @@ struct KernelTraits {
       cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
                         GmemStride{}),
       SmemLayout{}, Tile{}, cute::_1{}));
-  using TmaQ = Tma<SmemLayoutQ, cute::Shape<BlockM, HeadDim>>;
+  using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutKV{})), cute::Shape<BlockN, HeadDim>>;
+};
+
+// The sizes the device code computes with, narrowed to int32 on the host (supports() bounds the
+// extents by 2^31 - 1), so that no 64-bit division runs in the kernel.
+struct TileGeometry {
+  int32_t seqlen_q;
+  int32_t kept_keys;  // logical keys (positions 0, kv_stride, 2 kv_stride, ...)
+  int32_t kv_stride;  // capped at seqlen_q: a larger stride hides the same keys
+  int32_t heads_q;
+  int32_t group_size;  // heads_q / heads_kv
+  bool causal;
 };
 
 template <typename Element, int kHeadDim>
 struct HopperForwardParams {
   using Traits = KernelTraits<Element, kHeadDim>;
   detail::ForwardKernelParams p;
+  TileGeometry geometry;
   TileSchedule schedule;
   GmemShape shape_q, shape_k, shape_v;
   typename Traits::TmaQ tma_q;
@@ -113,55 +127,44 @@ struct HopperForwardParams {
 struct TileCoords {
   int32_t b, h, h_kv;
   int32_t m_block;
-  int64_t m_begin;  // first query row
-  int rows;         // valid query rows in the tile (the rest are past seqlen_q)
-  int n_blocks;     // key blocks the tile's rows can see, walked from the last to the first
+  int32_t m_begin;   // first query row
+  int32_t rows;      // valid query rows in the tile (the rest are past seqlen_q)
+  int32_t n_blocks;  // key blocks the tile's rows can see, walked from the last to the first
 };
 
-// One past the last logical key any row of the query rows [m_begin, m_begin + rows) can see: key
-// n is visible to query i iff n < kept_keys and, when causal, n * kv_stride <= i.
-__device__ __forceinline__ int64_t block_key_end(const detail::ForwardKernelParams& p,
-                                                 int64_t m_begin, int rows) {
-  if (!p.causal) return p.kept_keys;
-  const int64_t last_visible = (m_begin + rows - 1) / p.kv_stride;
-  return min(last_visible + 1, p.kept_keys);
-}
-
-// One past the last logical key query row `query` sees.
-__device__ __forceinline__ int64_t row_key_end(const detail::ForwardKernelParams& p,
-                                               int64_t query) {
-  if (!p.causal) return p.kept_keys;
-  return min(query / p.kv_stride + 1, p.kept_keys);
+// One past the last logical key query row `row` (< seqlen_q) sees: key n is visible to query i
+// iff n < kept_keys and, when causal, n * kv_stride <= i.
+__device__ __forceinline__ int32_t row_key_end(const TileGeometry& g, int32_t row) {
+  return g.causal ? min(row / g.kv_stride + 1, g.kept_keys) : g.kept_keys;
 }
 
 // The first key block (blocks are numbered from 0 at key 0; the consumers walk them downwards)
-// in which some key is hidden from some of the query rows from `first_row` on: the block that
-// crosses the end of the kept keys, or the first whose last key lies past the causal diagonal of
-// `first_row` (key n is hidden from query i when n * kv_stride > i).
+// in which some key is hidden from some query row from `first_row` on: the block that crosses
+// the end of the kept keys, or the first whose last key lies past the causal diagonal of
+// `first_row`. Rows past seqlen_q are never stored, so first_row is capped at the last row.
 template <int kBlockN>
-__device__ __forceinline__ int first_masked_key_block(const detail::ForwardKernelParams& p,
-                                                      int64_t first_row) {
-  int64_t first = p.kept_keys / kBlockN;
-  if (p.causal) {
-    // (n + 1) * kBlockN - 1 > first_row / kv_stride (floored)  <=>  n >= (that + 1) / kBlockN.
-    first = min(first, (first_row / p.kv_stride + 1) / kBlockN);
+__device__ __forceinline__ int32_t first_masked_key_block(const TileGeometry& g,
+                                                          int32_t first_row) {
+  int32_t first = g.kept_keys / kBlockN;
+  if (g.causal) {
+    // (n + 1) * kBlockN - 1 > row / kv_stride (floored)  <=>  n >= (that + 1) / kBlockN.
+    const int32_t row = min(first_row, g.seqlen_q - 1);
+    first = min(first, (row / g.kv_stride + 1) / kBlockN);
   }
-  return static_cast<int>(first);
+  return first;
 }
 
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ TileCoords tile_coords(const detail::ForwardKernelParams& p,
-                                                  QueryTile tile) {
+__device__ __forceinline__ TileCoords tile_coords(const TileGeometry& g, QueryTile tile) {
   TileCoords c;
-  const int32_t heads = static_cast<int32_t>(p.heads_q);
-  c.b = tile.batch_head / heads;
-  c.h = tile.batch_head - c.b * heads;
-  c.h_kv = c.h / static_cast<int32_t>(p.group_size);
+  c.b = tile.batch_head / g.heads_q;
+  c.h = tile.batch_head - c.b * g.heads_q;
+  c.h_kv = c.h / g.group_size;
   c.m_block = tile.m_block;
-  c.m_begin = int64_t{tile.m_block} * kBlockM;
-  c.rows = static_cast<int>(min(int64_t{kBlockM}, p.seqlen_q - c.m_begin));
-  const int64_t key_end = block_key_end(p, c.m_begin, c.rows);
-  c.n_blocks = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
+  c.m_begin = tile.m_block * kBlockM;
+  c.rows = min(kBlockM, g.seqlen_q - c.m_begin);
+  const int32_t key_end = row_key_end(g, c.m_begin + c.rows - 1);
+  c.n_blocks = (key_end + kBlockN - 1) / kBlockN;
   return c;
 }
 
