@@ -2,6 +2,9 @@
 (backend="tensor_core") against torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends,
 in one process, bf16 by default.
 
+Also samattn's Hopper path with its ping-pong and (head dim 64) its exp2-on-FMA switched off
+(SAMATTN_HOPPER_ABLATION), to measure what each is worth.
+
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
 {64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
 with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
@@ -68,7 +71,21 @@ METHODS = {
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    "samattn-hopper-no_pingpong": samattn_backend("hopper"),
+    "samattn-hopper-no_fma_exp2": samattn_backend("hopper"),
 }
+# The Hopper path with an overlap feature switched off (SAMATTN_HOPPER_ABLATION, read by the
+# launcher on every call, set around the whole measurement): what each feature is worth, in the
+# same run. Only head dim 64 runs part of its exponentials on the FMA pipe.
+ABLATIONS = {
+    "samattn-hopper-no_pingpong": "no_pingpong",
+    "samattn-hopper-no_fma_exp2": "no_fma_exp2",
+}
+
+
+def methods_for(cfg: AttentionConfig) -> dict:
+    return {name: run for name, run in METHODS.items()
+            if name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64}
 
 
 def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
@@ -83,29 +100,38 @@ def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
            "input_sets": len(sets), "methods": {}}
     reference = METHODS["sdpa-flash"](*sets[0], cfg.causal).float()
     scale = reference.abs().max().item()
-    for name, run in METHODS.items():
-        entry = {}
+    for name, run in methods_for(cfg).items():
+        if name in ABLATIONS:
+            os.environ["SAMATTN_HOPPER_ABLATION"] = ABLATIONS[name]
         try:
-            out = run(*sets[0], cfg.causal)
-            torch.cuda.synchronize()
-        except Exception as error:  # an unsupported shape or backend is reported, not fatal
-            entry["error"] = str(error).splitlines()[0][:200]
-            row["methods"][name] = entry
-            continue
-        diff = (out.float() - reference).abs().max().item() / max(scale, 1e-30)
-        entry["max_rel_diff_vs_flash"] = diff
-        if not diff <= WRONG_ABOVE:  # NaN lands here too
-            entry["error"] = f"wrong output: max |out - flash| / max|flash| = {diff:.3e}"
-            row["methods"][name] = entry
-            continue
-        calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
-        timing = measure(calls, min_reps=min_reps, budget_ms=budget_ms)
-        entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
-                     reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
-        row["methods"][name] = entry
+            row["methods"][name] = measure_method(run, sets, cfg, reference, scale, min_reps,
+                                                  budget_ms)
+        finally:
+            os.environ.pop("SAMATTN_HOPPER_ABLATION", None)
     del sets
     torch.cuda.empty_cache()
     return row
+
+
+def measure_method(run, sets, cfg, reference, scale, min_reps, budget_ms) -> dict:
+    """Checks one method's output against SDPA flash's on the first input set, then times it."""
+    entry = {}
+    try:
+        out = run(*sets[0], cfg.causal)
+        torch.cuda.synchronize()
+    except Exception as error:  # an unsupported shape or backend is reported, not fatal
+        entry["error"] = str(error).splitlines()[0][:200]
+        return entry
+    diff = (out.float() - reference).abs().max().item() / max(scale, 1e-30)
+    entry["max_rel_diff_vs_flash"] = diff
+    if not diff <= WRONG_ABOVE:  # NaN lands here too
+        entry["error"] = f"wrong output: max |out - flash| / max|flash| = {diff:.3e}"
+        return entry
+    calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
+    timing = measure(calls, min_reps=min_reps, budget_ms=budget_ms)
+    entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                 reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+    return entry
 
 
 def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dict:
@@ -179,12 +205,15 @@ def print_summary(result: dict) -> None:
     def cell(x):
         return f"{x:6.1f}" if x else "   ERR"
 
-    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f})")
-    print(f"{'shape':<36} {'hopper':>6} {'cudnn':>6} {'fa2':>6}  /cudnn  /fa2")
+    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; the last two columns: "
+          "hopper over itself without ping-pong / without exp2 on the FMA pipe)")
+    print(f"{'shape':<36} {'hopper':>6} {'cudnn':>6} {'fa2':>6}  /cudnn  /fa2   /-pp  /-fma")
     for row in result["rows"]:
-        ours, cudnn, fa2 = (tflops(row, n) for n in ("samattn-hopper", "sdpa-cudnn", "sdpa-flash"))
+        ours, cudnn, fa2, no_pp, no_fma = (tflops(row, n) for n in (
+            "samattn-hopper", "sdpa-cudnn", "sdpa-flash", "samattn-hopper-no_pingpong",
+            "samattn-hopper-no_fma_exp2"))
         print(f"{row['label']:<36} {cell(ours)} {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn)}"
-              f"  {ratio(ours, fa2)}")
+              f"  {ratio(ours, fa2)}  {ratio(ours, no_pp)}  {ratio(ours, no_fma)}")
     strided = result.get("strided")
     if strided:
         ms = {n: e.get("median_ms") for n, e in strided["methods"].items()}

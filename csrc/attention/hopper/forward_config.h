@@ -52,6 +52,14 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
   return {2, 80, 2, 1, 0};
 }
 
+// Two of the kernel's overlap features as run-time switches, so one benchmark run can measure
+// what each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; both on
+// unless it names them).
+struct ForwardKernelOptions {
+  bool pingpong = true;     // consumer warpgroups take turns issuing their GEMMs
+  bool exp2_on_fma = true;  // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
+};
+
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the
 // kernel's SharedStorage by a static_assert in forward_traits.cuh).
 inline constexpr int kBarrierBytes = 1024;

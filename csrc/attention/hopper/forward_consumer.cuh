@@ -26,18 +26,21 @@ inline constexpr int kFirstTurnBarrier = 1;
 template <int kConsumerWarpgroups>
 struct TurnBarrier {
   int warpgroup;                            // 0 .. kConsumerWarpgroups - 1
+  bool enabled;                             // false: no turns (ForwardKernelOptions::pingpong)
   static constexpr int kThreads = 2 * 128;  // the waiting warpgroup and the one arriving
 
   // Warpgroup 0 takes the first turn: the last warpgroup hands it over before any tile.
   __device__ __forceinline__ void start() const {
-    if (warpgroup == kConsumerWarpgroups - 1) named_barrier_arrive(kFirstTurnBarrier, kThreads);
+    if (enabled && warpgroup == kConsumerWarpgroups - 1) {
+      named_barrier_arrive(kFirstTurnBarrier, kThreads);
+    }
   }
   __device__ __forceinline__ void wait() const {
-    named_barrier_sync(kFirstTurnBarrier + warpgroup, kThreads);
+    if (enabled) named_barrier_sync(kFirstTurnBarrier + warpgroup, kThreads);
   }
   __device__ __forceinline__ void pass() const {
     const int next = warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
-    named_barrier_arrive(kFirstTurnBarrier + next, kThreads);
+    if (enabled) named_barrier_arrive(kFirstTurnBarrier + next, kThreads);
   }
 };
 
@@ -59,7 +62,7 @@ __device__ __forceinline__ void consumer_loop(
   // (the shared-memory descriptors of the wgmma operands above all) then lives in uniform
   // registers instead of taking per-thread ones.
   const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
-  const TurnBarrier<Traits::kConsumerWarpgroups> turn{warpgroup};
+  const TurnBarrier<Traits::kConsumerWarpgroups> turn{warpgroup, params.options.pingpong};
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
@@ -110,7 +113,14 @@ __device__ __forceinline__ void consumer_loop(
       auto softmax_block = [&](int n_block, float(&rescale)[2]) {
         const bool needs_mask = n_block >= first_masked_block;
         if (!needs_mask && fuse_scale) {
-          softmax.update<Traits::kTile.exp2_fma_share>(tSrS, scale_log2, rescale);
+          constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
+          if constexpr (kFmaShare > 0) {
+            if (params.options.exp2_on_fma) {
+              softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
+              return;
+            }
+          }
+          softmax.update<0>(tSrS, scale_log2, rescale);
           return;
         }
         CUTE_UNROLL

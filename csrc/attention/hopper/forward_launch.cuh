@@ -87,6 +87,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       p,
       geometry,
       schedule,
+      forward_options_from_environment(),
       q.shape(),
       k.shape(),
       v.shape(),

@@ -117,6 +117,7 @@ struct HopperForwardParams {
   detail::ForwardKernelParams p;
   TileGeometry geometry;
   TileSchedule schedule;
+  ForwardKernelOptions options;
   GmemShape shape_q, shape_k, shape_v;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
