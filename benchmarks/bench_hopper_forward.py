@@ -8,9 +8,10 @@ Also samattn's Hopper path with its ping-pong and (head dim 64) its exp2-on-FMA 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
 {64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
 with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
-`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run. Every method's output is first compared with SDPA flash's on the
-same inputs (a wrong kernel is reported, not timed). Timing: CUDA events, warm-up, inputs
-rotated past the L2 cache, median of at least 10 runs (samattn.bench.timing.measure).
+`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run.
+Every method's output is first compared with SDPA flash's on the same inputs (a wrong kernel is
+reported, not timed). Timing: CUDA events, warm-up, inputs rotated past the L2 cache, median of
+at least 10 runs and --budget-ms of measured time (samattn.bench.timing.measure).
 
     python3 benchmarks/bench_hopper_forward.py --out $OUT/hopper_forward.json
 """
