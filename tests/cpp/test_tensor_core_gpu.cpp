@@ -495,6 +495,55 @@ TEST(HopperGpuRuns, RerunsAreBitIdentical) {
   EXPECT_EQ(first.bytes, second.bytes);
 }
 
+// Sets SAMATTN_HOPPER_ABLATION for one scope (the launcher reads it on every call).
+class ScopedHopperAblation {
+ public:
+  explicit ScopedHopperAblation(const char* value) { setenv("SAMATTN_HOPPER_ABLATION", value, 1); }
+  ~ScopedHopperAblation() { unsetenv("SAMATTN_HOPPER_ABLATION"); }
+};
+
+// Ping-pong only orders the two warpgroups' GEMM issue; every tile does the same arithmetic.
+TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(d);
+    Problem pb({2, 6, 3, 300, 400, d, d}, DType::kBFloat16);
+    pb.params.causal = true;
+    const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
+    const ScopedHopperAblation off("no_pingpong");
+    const HostTensor without = run_on_device(pb, Backend::kHopper, nullptr);
+    EXPECT_EQ(with.bytes, without.bytes);
+  }
+}
+
+// Head dim 64 with every exponential on the MUFU: still within the bound of the reference.
+TEST(HopperGpuRuns, AblationsStayWithinTheBound) {
+  SKIP_WITHOUT_HOPPER();
+  const ScopedHopperAblation off("no_pingpong,no_fma_exp2");
+  check_against_reference({{"ablated_d64", {2, 4, 2, 300, 500, 64, 64}}, DType::kFloat16},
+                          Backend::kHopper);
+}
+
+TEST(HopperGpuRuns, UnknownAblationIsAnError) {
+  SKIP_WITHOUT_HOPPER();
+  const ScopedHopperAblation off("no_softmax");
+  Problem pb({1, 1, 1, 16, 16, 64, 64}, DType::kBFloat16);
+  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
+  AttentionParams p = pb.params;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.backend = Backend::kHopper;
+  try {
+    attention_forward(p, nullptr);
+    FAIL() << "expected samattn::Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_ABLATION"), std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(SelectBackend, AutoPicksHopperOnSm90) {
   SKIP_WITHOUT_HOPPER();
   DeviceProblem dp({1, 2, 2, 64, 64, 128, 128}, DType::kBFloat16);
