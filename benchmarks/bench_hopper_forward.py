@@ -2,12 +2,16 @@
 (backend="tensor_core") against torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends,
 in one process, bf16 by default.
 
-Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {1k, 2k, 4k, 8k, 16k} (--seqlens), D in
+Also samattn's Hopper path with its ping-pong and (head dim 64) its exp2-on-FMA switched off
+(SAMATTN_HOPPER_ABLATION), to measure what each is worth.
+
+Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
 {64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
 with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
-`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run. Every method's output is first compared with SDPA flash's on the
-same inputs (a wrong kernel is reported, not timed). Timing: CUDA events, warm-up, inputs
-rotated past the L2 cache, median of at least 10 runs (samattn.bench.timing.measure).
+`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run.
+Every method's output is first compared with SDPA flash's on the same inputs (a wrong kernel is
+reported, not timed). Timing: CUDA events, warm-up, inputs rotated past the L2 cache, median of
+at least 10 runs and --budget-ms of measured time (samattn.bench.timing.measure).
 
     python3 benchmarks/bench_hopper_forward.py --out $OUT/hopper_forward.json
 """
@@ -68,10 +72,24 @@ METHODS = {
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    "samattn-hopper-no_pingpong": samattn_backend("hopper"),
+    "samattn-hopper-no_fma_exp2": samattn_backend("hopper"),
+}
+# The Hopper path with an overlap feature switched off (SAMATTN_HOPPER_ABLATION, read by the
+# launcher on every call, set around the whole measurement): what each feature is worth, in the
+# same run. Only head dim 64 runs part of its exponentials on the FMA pipe.
+ABLATIONS = {
+    "samattn-hopper-no_pingpong": "no_pingpong",
+    "samattn-hopper-no_fma_exp2": "no_fma_exp2",
 }
 
 
-def bench(cfg: AttentionConfig, min_reps: int) -> dict:
+def methods_for(cfg: AttentionConfig) -> dict:
+    return {name: run for name, run in METHODS.items()
+            if name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64}
+
+
+def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
     shape = (cfg.batch, cfg.heads, cfg.seqlen, cfg.head_dim)
     dtype = cfg.torch_dtype
     bytes_per_set = 4 * cfg.batch * cfg.heads * cfg.seqlen * cfg.head_dim * dtype.itemsize
@@ -83,32 +101,41 @@ def bench(cfg: AttentionConfig, min_reps: int) -> dict:
            "input_sets": len(sets), "methods": {}}
     reference = METHODS["sdpa-flash"](*sets[0], cfg.causal).float()
     scale = reference.abs().max().item()
-    for name, run in METHODS.items():
-        entry = {}
+    for name, run in methods_for(cfg).items():
+        if name in ABLATIONS:
+            os.environ["SAMATTN_HOPPER_ABLATION"] = ABLATIONS[name]
         try:
-            out = run(*sets[0], cfg.causal)
-            torch.cuda.synchronize()
-        except Exception as error:  # an unsupported shape or backend is reported, not fatal
-            entry["error"] = str(error).splitlines()[0][:200]
-            row["methods"][name] = entry
-            continue
-        diff = (out.float() - reference).abs().max().item() / max(scale, 1e-30)
-        entry["max_rel_diff_vs_flash"] = diff
-        if not diff <= WRONG_ABOVE:  # NaN lands here too
-            entry["error"] = f"wrong output: max |out - flash| / max|flash| = {diff:.3e}"
-            row["methods"][name] = entry
-            continue
-        calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
-        timing = measure(calls, min_reps=min_reps)
-        entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
-                     reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
-        row["methods"][name] = entry
+            row["methods"][name] = measure_method(run, sets, cfg, reference, scale, min_reps,
+                                                  budget_ms)
+        finally:
+            os.environ.pop("SAMATTN_HOPPER_ABLATION", None)
     del sets
     torch.cuda.empty_cache()
     return row
 
 
-def strided(dtype: str, min_reps: int, stride: int = 4) -> dict:
+def measure_method(run, sets, cfg, reference, scale, min_reps, budget_ms) -> dict:
+    """Checks one method's output against SDPA flash's on the first input set, then times it."""
+    entry = {}
+    try:
+        out = run(*sets[0], cfg.causal)
+        torch.cuda.synchronize()
+    except Exception as error:  # an unsupported shape or backend is reported, not fatal
+        entry["error"] = str(error).splitlines()[0][:200]
+        return entry
+    diff = (out.float() - reference).abs().max().item() / max(scale, 1e-30)
+    entry["max_rel_diff_vs_flash"] = diff
+    if not diff <= WRONG_ABOVE:  # NaN lands here too
+        entry["error"] = f"wrong output: max |out - flash| / max|flash| = {diff:.3e}"
+        return entry
+    calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
+    timing = measure(calls, min_reps=min_reps, budget_ms=budget_ms)
+    entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                 reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+    return entry
+
+
+def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dict:
     """samattn's kv_stride option against what each competitor would be given."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -143,7 +170,7 @@ def strided(dtype: str, min_reps: int, stride: int = 4) -> dict:
         if not diff <= WRONG_ABOVE:
             entry["error"] = f"wrong output: {diff:.3e}"
         else:
-            timing = measure([run], min_reps=min_reps)
+            timing = measure([run], min_reps=min_reps, budget_ms=budget_ms)
             entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
                          reps=timing.reps,
                          tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
@@ -168,12 +195,45 @@ def commit() -> str:
         return "unknown"
 
 
+def print_summary(result: dict) -> None:
+    """One line per shape: TFLOPS of samattn's Hopper path, cuDNN and FA2, and the ratios."""
+    def tflops(row, name):
+        return row["methods"].get(name, {}).get("tflops")
+
+    def ratio(a, b):
+        return f"{a / b:5.2f}" if a and b else "  -  "
+
+    def cell(x):
+        return f"{x:6.1f}" if x else "   ERR"
+
+    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; the last two columns: "
+          "hopper over itself without ping-pong / without exp2 on the FMA pipe)")
+    print(f"{'shape':<36} {'hopper':>6} {'cudnn':>6} {'fa2':>6}  /cudnn  /fa2   /-pp  /-fma")
+    for row in result["rows"]:
+        ours, cudnn, fa2, no_pp, no_fma = (tflops(row, n) for n in (
+            "samattn-hopper", "sdpa-cudnn", "sdpa-flash", "samattn-hopper-no_pingpong",
+            "samattn-hopper-no_fma_exp2"))
+        print(f"{row['label']:<36} {cell(ours)} {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn)}"
+              f"  {ratio(ours, fa2)}  {ratio(ours, no_pp)}  {ratio(ours, no_fma)}")
+    strided = result.get("strided")
+    if strided:
+        ms = {n: e.get("median_ms") for n, e in strided["methods"].items()}
+        ours, cudnn = ms.get("samattn"), ms.get("sdpa-cudnn-view")
+        print(f"{strided['label']}: samattn {ours or float('nan'):.3f} ms, cuDNN on the view "
+              f"{cudnn or float('nan'):.3f} ms ({ratio(cudnn, ours).strip()}x), FA2 on the view "
+              f"{ms.get('sdpa-flash-view') or float('nan'):.3f} ms, Flex "
+              f"{ms.get('flex-mask_mod') or float('nan'):.3f} ms")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="hopper_forward.json")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--min-reps", type=int, default=10)
-    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--budget-ms", type=float, default=400.0,
+                        help="measured time per method and shape (at least --min-reps runs)")
+    parser.add_argument("--seqlens", type=int, nargs="+",
+                        default=[512, 1024, 2048, 4096, 8192, 16384])
     args = parser.parse_args(argv)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
@@ -184,7 +244,7 @@ def main(argv=None) -> int:
     result["cublas_8192_tflops"] = cublas_tflops(DTYPES[args.dtype])
     print(f"cuBLAS {args.dtype} 8192^3: {result['cublas_8192_tflops']:.1f} TFLOPS", flush=True)
     for cfg in configs(args.dtype, args.seqlens):
-        row = bench(cfg, args.min_reps)
+        row = bench(cfg, args.min_reps, args.budget_ms)
         result["rows"].append(row)
         cells = []
         for name, entry in row["methods"].items():
@@ -195,13 +255,14 @@ def main(argv=None) -> int:
         ratio = f" | hopper/flash {ours / flash:.2f}x" if flash and ours else ""
         hopper_share = f" | {ours / result['cublas_8192_tflops']:.2f} of cuBLAS" if ours else ""
         print(f"{row['label']:<36} " + "  ".join(cells) + ratio + hopper_share, flush=True)
-    row = strided(args.dtype, args.min_reps)
+    row = strided(args.dtype, args.min_reps, args.budget_ms)
     result["strided"] = row
     print(row["label"] + "  " + "  ".join(
         f"{n} {e['median_ms']:.3f} ms" if "median_ms" in e else f"{n} ERR"
         for n, e in row["methods"].items()), flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    print_summary(result)
     errors = [(r["label"], n, e["error"]) for r in result["rows"]
               for n, e in r["methods"].items() if "error" in e and n.startswith("samattn")]
     for label, name, error in errors:

@@ -420,6 +420,16 @@ std::vector<Case> hopper_cases() {
     list.push_back({"gqa_8to1_kv_stride3" + dim, {1, 8, 1, 77, 700, d, d}, false, 3});
     list.push_back({"seq_major_kv_stride4_causal" + dim, {2, 2, 2, 300, 300, d, d}, true, 4, true});
   }
+  // The persistent grid (one block per SM, 132 on an H100): more work units than blocks with
+  // short keys, causal pairs with an odd tile count per head, GQA 8:1 with kv_stride and causal
+  // over many heads, and a single tile (a one-block grid).
+  list.push_back({"persistent_many_tiles_d64", {3, 50, 50, 300, 40, 64, 64}});
+  list.push_back({"persistent_causal_odd_tiles_d64", {2, 40, 40, 589, 589, 64, 64}, true, 4});
+  list.push_back(
+      {"persistent_gqa_8to1_stride2_causal_d128", {2, 64, 8, 300, 300, 128, 128}, true, 2});
+  list.push_back({"persistent_many_heads_d256", {1, 150, 150, 130, 40, 256, 256}});
+  list.push_back({"single_tile_d128", {1, 1, 1, 64, 64, 128, 128}});
+  list.push_back({"single_tile_causal_d256", {1, 1, 1, 100, 100, 256, 256}, true});
   list.push_back({"long_1000_causal_d128", {1, 2, 2, 1000, 1000, 128, 128}, true});
   list.push_back({"single_query_sk1_causal_d128", {2, 3, 1, 1, 1, 128, 128}, true});
   return cases_in({DType::kFloat16, DType::kBFloat16}, list);
@@ -483,6 +493,55 @@ TEST(HopperGpuRuns, RerunsAreBitIdentical) {
   const HostTensor first = run_on_device(pb, Backend::kHopper, nullptr);
   const HostTensor second = run_on_device(pb, Backend::kHopper, nullptr);
   EXPECT_EQ(first.bytes, second.bytes);
+}
+
+// Sets SAMATTN_HOPPER_ABLATION for one scope (the launcher reads it on every call).
+class ScopedHopperAblation {
+ public:
+  explicit ScopedHopperAblation(const char* value) { setenv("SAMATTN_HOPPER_ABLATION", value, 1); }
+  ~ScopedHopperAblation() { unsetenv("SAMATTN_HOPPER_ABLATION"); }
+};
+
+// Ping-pong only orders the two warpgroups' GEMM issue; every tile does the same arithmetic.
+TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(d);
+    Problem pb({2, 6, 3, 300, 400, d, d}, DType::kBFloat16);
+    pb.params.causal = true;
+    const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
+    const ScopedHopperAblation off("no_pingpong");
+    const HostTensor without = run_on_device(pb, Backend::kHopper, nullptr);
+    EXPECT_EQ(with.bytes, without.bytes);
+  }
+}
+
+// Head dim 64 with every exponential on the MUFU: still within the bound of the reference.
+TEST(HopperGpuRuns, AblationsStayWithinTheBound) {
+  SKIP_WITHOUT_HOPPER();
+  const ScopedHopperAblation off("no_pingpong,no_fma_exp2");
+  check_against_reference({{"ablated_d64", {2, 4, 2, 300, 500, 64, 64}}, DType::kFloat16},
+                          Backend::kHopper);
+}
+
+TEST(HopperGpuRuns, UnknownAblationIsAnError) {
+  SKIP_WITHOUT_HOPPER();
+  const ScopedHopperAblation off("no_softmax");
+  Problem pb({1, 1, 1, 16, 16, 64, 64}, DType::kBFloat16);
+  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
+  AttentionParams p = pb.params;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.backend = Backend::kHopper;
+  try {
+    attention_forward(p, nullptr);
+    FAIL() << "expected samattn::Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_ABLATION"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(SelectBackend, AutoPicksHopperOnSm90) {

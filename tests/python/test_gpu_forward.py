@@ -84,6 +84,12 @@ HOPPER_SCENARIOS.update({
     "strided3_causal_d128": dict(shape=(1, 4, 2, 300, 700, 128), kv_stride=3, causal=True),
     "sq1000_sk129_d256": dict(shape=(1, 2, 2, 1000, 129, 256)),
     "bshd_gqa_causal_d128": dict(shape=(2, 8, 2, 257, 257, 128), causal=True, layout="bshd"),
+    # The persistent grid (one block per SM): more work units than blocks, causal tile pairs
+    # with an odd tile count per head, GQA with kv_stride, a single tile.
+    "persistent_gqa5_d128": dict(shape=(3, 50, 10, 300, 60, 128)),
+    "persistent_causal_odd_stride3_d64": dict(shape=(2, 32, 32, 589, 589, 64), kv_stride=3,
+                                              causal=True),
+    "single_tile_d256": dict(shape=(1, 1, 1, 128, 80, 256)),
 })
 
 

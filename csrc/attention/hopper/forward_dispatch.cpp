@@ -2,6 +2,8 @@
 // Compiled into the main library for every build; the launchers exist only with
 // SAMATTN_HAVE_SM90.
 #include <cstdint>
+#include <cstdlib>
+#include <sstream>
 #include <string>
 
 #include "attention/alignment.h"
@@ -62,6 +64,15 @@ Status supports(const AttentionParams& p) {
     return unsupported(
         detail::concat("extents above ", kMaxExtent, " (TMA coordinates are 32-bit)"));
   }
+  // The persistent kernel numbers its query tiles with int32 and steps through them by the grid
+  // size: 2^30 leaves room for the step.
+  constexpr int64_t kMaxTiles = int64_t{1} << 30;
+  const int64_t block_m = forward_tile(p.head_dim).block_m();
+  const int64_t tiles = p.batch * p.heads_q * ((p.seqlen_q + block_m - 1) / block_m);
+  if (tiles > kMaxTiles) {
+    return unsupported(detail::concat("batch * heads_q * ceil(seqlen_q / ", block_m, ") = ", tiles,
+                                      " query tiles (at most ", kMaxTiles, ")"));
+  }
   // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
   const int64_t keys = detail::strided_key_count(p);
   // q, k and v are read through TMA descriptors; the output is written with plain 4-byte stores
@@ -82,6 +93,27 @@ Status supports(const AttentionParams& p) {
   }
   return Status::success();
 #endif
+}
+
+ForwardKernelOptions forward_options_from_environment() {
+  ForwardKernelOptions options;
+  const char* value = std::getenv("SAMATTN_HOPPER_ABLATION");
+  if (value == nullptr) return options;
+  std::stringstream list(value);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    if (item == "no_pingpong") {
+      options.pingpong = false;
+    } else if (item == "no_fma_exp2") {
+      options.exp2_on_fma = false;
+    } else if (!item.empty()) {
+      SAMATTN_CHECK(false,
+                    "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
+                    "no_pingpong and no_fma_exp2, got '",
+                    value, "'");
+    }
+  }
+  return options;
 }
 
 #ifdef SAMATTN_HAVE_SM90

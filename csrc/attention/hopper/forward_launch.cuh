@@ -1,11 +1,14 @@
 // Internal: the body of hopper::launch_forward, included only by the generated instantiation
-// files (compiled for sm_90a alone): builds the TMA descriptors and launches the kernel.
+// files (compiled for sm_90a alone): builds the TMA descriptors and the tile schedule and
+// launches the persistent kernel with one block per SM (or per work unit, if fewer).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/hopper/forward_kernel.cuh"
 #include "attention/hopper/forward_launch.h"
+#include "attention/hopper/forward_scheduler.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -52,7 +55,11 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename CuteElementOf<kDType>::type;
   using Traits = KernelTraits<Element, kHeadDim>;
-  const unsigned blocks = detail::query_block_grid(p, kBlockM);
+  // supports() has checked that the tiles fit the scheduler's int32 unit indices.
+  const TileSchedule schedule =
+      make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
+  const int sms = detail::current_device_info().multiprocessors;
+  const unsigned blocks = static_cast<unsigned>(schedule.units < sms ? schedule.units : sms);
   const int64_t heads_kv = p.heads_q / p.group_size;
 
   auto q = detail_launch::gmem_tensor<Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
@@ -68,12 +75,23 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
                    : detail_launch::gmem_tensor<Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
                                                          p.batch, p.v_row_stride, p.v_head_stride,
                                                          p.v_batch_stride);
+  // supports() has bounded every extent by 2^31 - 1.
+  const TileGeometry geometry{
+      static_cast<int32_t>(p.seqlen_q),
+      static_cast<int32_t>(p.kept_keys),
+      static_cast<int32_t>(std::min(p.kv_stride, std::max<int64_t>(p.seqlen_q, 1))),
+      static_cast<int32_t>(p.heads_q),
+      static_cast<int32_t>(p.group_size),
+      p.causal};
   HopperForwardParams<Element, kHeadDim> params{
       p,
+      geometry,
+      schedule,
+      forward_options_from_environment(),
       q.shape(),
       k.shape(),
       v.shape(),
-      make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{},
+      make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
                     Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutKV{}),
                     Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
@@ -84,7 +102,8 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const auto kernel = forward_kernel<Element, kHeadDim>;
   // Beyond 48 KiB a block must opt in; supports() has checked the device's limit.
   detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-  kernel<<<blocks, kThreads, Traits::kSmemBytes, stream>>>(params);
+  if (blocks == 0) return;
+  kernel<<<blocks, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
   SAMATTN_CHECK_LAUNCH();
 }
 

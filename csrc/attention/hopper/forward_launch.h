@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attention/hopper/forward_config.h"
 #include "attention/kernel_params.h"
 #include "samattn/attention.h"
 #include "samattn/types.h"
@@ -18,6 +19,11 @@ void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stre
 // the message says why ("backend hopper does not support ..."). Checks the build, dtype, head
 // dims, compute capability 9.0, shared memory and the 16-byte alignment TMA needs.
 Status supports(const AttentionParams& params);
+
+// The kernel options from SAMATTN_HOPPER_ABLATION: unset or empty for the default, or a
+// comma-separated list of "no_pingpong" and "no_fma_exp2" that turns those features off (for
+// benchmarks). Throws samattn::Error naming the variable on anything else.
+ForwardKernelOptions forward_options_from_environment();
 
 // Picks the instantiation for (dtype, head dim) and launches it. The caller has checked
 // supports().

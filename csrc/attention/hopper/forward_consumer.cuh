@@ -1,0 +1,238 @@
+// Internal: the consumers of the Hopper forward. Consumer warpgroup w owns query rows
+// [64 w, 64 w + 64) of every tile its block takes (the producer's order). Per key block:
+//   S = Q K^T (wgmma, both operands in shared memory, fp32 accumulators in registers)
+//   -> online softmax with one FFMA + exp2 per raw score (masking, and the separate scaling it
+//      needs, only on blocks that cross the end of the keys or the causal diagonal)
+//   -> O += P V (wgmma, P rounded to the operand type and fed from registers as the A operand:
+//      the accumulator fragment of S is already the A fragment layout).
+// Within a warpgroup the softmax of block j overlaps the tensor cores' O += P_{j-1} V_{j-1}: both
+// GEMMs are issued back to back and only S_j is waited for. Across warpgroups, named barriers
+// pass a turn around (ping-pong): a warpgroup issues its GEMM pair only in its turn, so one
+// warpgroup's softmax runs while the other's GEMMs hold the tensor cores. The output is
+// normalised in registers and stored straight to global memory (plain stores drain on their own;
+// the warpgroup goes on to its next tile, whose Q and first K/V the producer has already loaded).
+#pragma once
+
+#include "attention/hopper/forward_softmax.cuh"
+#include "attention/hopper/forward_traits.cuh"
+#include "attention/hopper/wgmma_utils.cuh"
+
+namespace samattn::hopper {
+
+// Named barrier ids 1 .. consumer warpgroups: warpgroup w waits on kFirstTurnBarrier + w, and the
+// warpgroup before it (cyclically) arrives there when its turn ends.
+inline constexpr int kFirstTurnBarrier = 1;
+
+template <int kConsumerWarpgroups>
+struct TurnBarrier {
+  int warpgroup;                            // 0 .. kConsumerWarpgroups - 1
+  bool enabled;                             // false: no turns (ForwardKernelOptions::pingpong)
+  static constexpr int kThreads = 2 * 128;  // the waiting warpgroup and the one arriving
+
+  // Warpgroup 0 takes the first turn: the last warpgroup hands it over before any tile.
+  __device__ __forceinline__ void start() const {
+    if (enabled && warpgroup == kConsumerWarpgroups - 1) {
+      named_barrier_arrive(kFirstTurnBarrier, kThreads);
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if (enabled) named_barrier_sync(kFirstTurnBarrier + warpgroup, kThreads);
+  }
+  __device__ __forceinline__ void pass() const {
+    const int next = warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
+    if (enabled) named_barrier_arrive(kFirstTurnBarrier + next, kThreads);
+  }
+};
+
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void consumer_loop(
+    const HopperForwardParams<Element, kHeadDim>& params,
+    typename KernelTraits<Element, kHeadDim>::SharedStorage& shared,
+    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_k,
+    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_v) {
+  using namespace cute;
+  using Traits = KernelTraits<Element, kHeadDim>;
+  constexpr int kBlockN = Traits::kBlockN;
+  const detail::ForwardKernelParams& p = params.p;
+  const TileSchedule& schedule = params.schedule;
+  const TileGeometry& g = params.geometry;
+  const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
+  const int lane = tid % 32;
+  // Broadcast from lane 0 so the compiler knows it is warp-uniform: everything derived from it
+  // (the shared-memory descriptors of the wgmma operands above all) then lives in uniform
+  // registers instead of taking per-thread ones.
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const TurnBarrier<Traits::kConsumerWarpgroups> turn{warpgroup, params.options.pingpong};
+
+  typename Traits::TiledMmaS mma_s;
+  typename Traits::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  // The operand descriptors are the same for every thread of a warpgroup: slice at its first.
+  auto warpgroup_s = mma_s.get_thread_slice(warpgroup * 128);
+  auto warpgroup_o = mma_o.get_thread_slice(warpgroup * 128);
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
+  Tensor tSrQ = warpgroup_s.partition_fragment_A(sQ);    // (MMA, 1, K, Q buffer) descriptors
+  Tensor tSrK = warpgroup_s.partition_fragment_B(sK);    // (MMA, 1, K, stage)
+  Tensor tOrVt = warpgroup_o.partition_fragment_B(sVt);  // (MMA, 1, N/16, stage)
+  Tensor tSrS =
+      partition_fragment_C(mma_s, Shape<typename Traits::BlockM, typename Traits::BlockN>{});
+  Tensor tOrO =
+      partition_fragment_C(mma_o, Shape<typename Traits::BlockM, typename Traits::HeadDim>{});
+  Tensor tOrP = make_tensor<Element>(accumulator_as_a_operand(tSrS.layout()));
+  static_assert(size(tOrP) == size(tSrS), "P reuses the S fragment's order");
+  static_assert(size<2>(tOrP) == kBlockN / 16, "one P k-block per 16 keys");
+  // (row, column) of every accumulator element within the block's tile.
+  Tensor tScS = thr_s.partition_C(
+      make_identity_tensor(Shape<typename Traits::BlockM, typename Traits::BlockN>{}));
+  Tensor tOcO = mma_o.get_thread_slice(tid).partition_C(
+      make_identity_tensor(Shape<typename Traits::BlockM, typename Traits::HeadDim>{}));
+  // A thread holds two rows of its warp's 16: element i of an accumulator is in row half
+  // (i / 2) % 2 (wgmma's fragment order: column pair, row half, 8-column group).
+  const int local_row[2] = {get<0>(tScS(0)), get<0>(tScS(2))};
+  const int warpgroup_first_row = 64 * warpgroup;
+  uint32_t* p_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+
+  const float scale_log2 = static_cast<float>(p.scale_log2);
+  // The fused FFMA needs the max of the raw scores to be the max of the scaled ones.
+  const bool fuse_scale = scale_log2 > 0.f;
+  RowSoftmax softmax;
+  typename Traits::PipelineState state;
+  int tile_iteration = 0;
+  turn.start();
+
+  for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
+    const int tiles = schedule.tiles_in(unit);
+    for (int half = 0; half < tiles; ++half, ++tile_iteration) {
+      const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(unit, half));
+      const int first_masked_block =
+          first_masked_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row);
+
+      // Scores of key block n_block (in tSrS) -> probabilities; rescale as in RowSoftmax.
+      auto softmax_block = [&](int n_block, float(&rescale)[2]) {
+        const bool needs_mask = n_block >= first_masked_block;
+        if (!needs_mask && fuse_scale) {
+          constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
+          if constexpr (kFmaShare > 0) {
+            if (params.options.exp2_on_fma) {
+              softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
+              return;
+            }
+          }
+          softmax.update<0>(tSrS, scale_log2, rescale);
+          return;
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
+        if (needs_mask) {
+          int limit[2];
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+            limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+          }
+          CUTE_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
+          }
+        }
+        softmax.update<0>(tSrS, 1.f, rescale);
+      };
+      auto convert_p = [&]() {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS) / 2; ++i) {
+          p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+        }
+      };
+
+      softmax.reset();
+      const int q_buffer = tile_iteration % Traits::kQBuffers;
+      auto& q_empty = shared.barrier_q_empty[q_buffer];
+      Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
+      shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
+      if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
+        q_empty.arrive();
+        clear(tOrO);
+      } else {
+        // The first (last in key order) block: S, softmax, P; no output yet.
+        int n_block = c.n_blocks - 1;
+        pipeline_k.consumer_wait(state);
+        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
+            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
+        pipeline_k.consumer_release(state);
+        if (n_block == 0) q_empty.arrive();
+        float rescale[2];
+        softmax_block(n_block, rescale);
+        convert_p();
+        // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
+        // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
+        // tensor cores still work on the second GEMM.
+        for (--n_block; n_block >= 0; --n_block) {
+          typename Traits::PipelineState next = state;
+          ++next;
+          turn.wait();
+          pipeline_k.consumer_wait(next);
+          warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+              mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
+          pipeline_v.consumer_wait(state);
+          warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
+              mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
+              /*zero_init=*/n_block == c.n_blocks - 2);
+          turn.pass();
+          warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
+          finish_operands(tSrS);
+          pipeline_k.consumer_release(next);
+          if (n_block == 0) q_empty.arrive();  // the tile's last use of Q
+          softmax_block(n_block, rescale);
+          warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
+          finish_operands(tOrO, tOrP);
+          pipeline_v.consumer_release(state);
+          CUTE_UNROLL
+          for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
+          convert_p();
+          state = next;
+        }
+        pipeline_v.consumer_wait(state);
+        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
+            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
+        pipeline_v.consumer_release(state);
+        ++state;
+      }
+
+      // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
+      // zeros and lse = -inf; a NaN sum stays NaN.
+      float total[2], inverse[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        total[r] = quad_sum(softmax.row_sum[r]);
+        inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
+      }
+      Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
+                     int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 2) {
+        const int row = get<0>(tOcO(i));
+        if (row < c.rows) {
+          const float scale = inverse[(i / 2) % 2];
+          *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+              pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+        }
+      }
+      if (p.lse != nullptr && lane % 4 == 0) {
+        constexpr float kLn2 = 0.6931471805599453f;
+        float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
+                     int64_t{c.h} * p.lse_head_stride + c.m_begin;
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          if (local_row[r] < c.rows) {
+            lse[local_row[r]] =
+                total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace samattn::hopper

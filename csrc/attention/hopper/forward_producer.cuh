@@ -1,0 +1,87 @@
+// Internal: the producer of the Hopper forward: one thread of warpgroup 0 walks the block's
+// query tiles in the scheduler's order and issues every TMA copy: per tile its Q (into a free Q
+// buffer: with two, while the consumers still work on the previous tile) and the K and V tiles
+// of its key blocks, last to
+// first, into a kStages-deep ring guarded by mbarrier pipelines (full: the copy engine has landed
+// the bytes; empty: every consumer thread is done with the stage). The ring runs across tiles, so
+// the next tile's first keys and its Q arrive while the consumers finish the current one.
+#pragma once
+
+#include "attention/hopper/forward_traits.cuh"
+
+namespace samattn::hopper {
+
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void producer_loop(
+    const HopperForwardParams<Element, kHeadDim>& params,
+    typename KernelTraits<Element, kHeadDim>::SharedStorage& shared,
+    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_k,
+    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_v) {
+  using namespace cute;
+  using Traits = KernelTraits<Element, kHeadDim>;
+  using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+  const TileSchedule& schedule = params.schedule;
+  Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);
+  Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);
+  Tensor mV = params.tma_v.get_tma_tensor(params.shape_v);
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
+
+  auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+  int tile_iteration = 0;
+  for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
+    const int tiles = schedule.tiles_in(unit);
+    for (int half = 0; half < tiles; ++half, ++tile_iteration) {
+      const TileCoords c =
+          tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
+      Tensor gQ =
+          local_tile(mQ(_, _, c.h, c.b), Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
+                     make_coord(c.m_block, _0{}));
+      Tensor gK = local_tile(mK(_, _, c.h_kv, c.b),
+                             Shape<typename Traits::BlockN, typename Traits::HeadDim>{},
+                             make_coord(_, _0{}));
+      Tensor gV = local_tile(mV(_, _, c.h_kv, c.b),
+                             Shape<typename Traits::BlockN, typename Traits::HeadDim>{},
+                             make_coord(_, _0{}));
+      auto q_copy = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                  group_modes<0, 2>(gQ));
+      auto k_copy = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                  group_modes<0, 2>(gK));
+      auto v_copy = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                  group_modes<0, 2>(gV));
+      Tensor tKgK = get<0>(k_copy);  // (TMA, key block)
+      Tensor tKsK = get<1>(k_copy);  // (TMA, stage)
+      Tensor tVgV = get<0>(v_copy);
+      Tensor tVsV = get<1>(v_copy);
+      auto load_k = [&](int n_block) {
+        pipeline_k.producer_acquire(state);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0), tKgK(_, n_block),
+             tKsK(_, state.index()));
+      };
+      auto load_v = [&](int n_block) {
+        pipeline_v.producer_acquire(state);
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0), tVgV(_, n_block),
+             tVsV(_, state.index()));
+        ++state;
+      };
+      // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
+      int n_block = c.n_blocks - 1;
+      if (n_block >= 0) load_k(n_block);
+      // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase.
+      const int q_buffer = tile_iteration % Traits::kQBuffers;
+      const int q_use = tile_iteration / Traits::kQBuffers;
+      if (q_use > 0) shared.barrier_q_empty[q_buffer].wait((q_use - 1) & 1);
+      shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
+           get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
+      if (n_block >= 0) load_v(n_block);
+      for (--n_block; n_block >= 0; --n_block) {
+        load_k(n_block);
+        load_v(n_block);
+      }
+    }
+  }
+}
+
+}  // namespace samattn::hopper

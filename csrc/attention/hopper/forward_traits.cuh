@@ -1,0 +1,172 @@
+// Internal: compile-time shapes of the Hopper forward kernel for one (element type, head dim):
+// its wgmma tiled MMAs, swizzled shared-memory layouts, TMA copy types, pipelines and shared
+// storage, and the parameters the kernel receives.
+#pragma once
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "attention/hopper/forward_config.h"
+#include "attention/hopper/forward_scheduler.h"
+#include "attention/kernel_params.h"
+
+namespace samattn::hopper {
+
+// (seqlen, head_dim, heads, batch) extents and element strides of a q/k/v tensor as TMA sees it.
+using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+
+template <typename Element, int kHeadDim>
+struct KernelTraits {
+  static constexpr ForwardTile kTile = forward_tile(kHeadDim);
+  static constexpr int kConsumerWarpgroups = kTile.consumer_warpgroups;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = kTile.threads();
+  static constexpr int kBlockM = kTile.block_m();
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kQBuffers = kTile.q_buffers;
+  using BlockM = cute::Int<kBlockM>;
+  using BlockN = cute::Int<kBlockN>;
+  using HeadDim = cute::Int<kHeadDim>;
+
+  // Each consumer warpgroup is one 64-row wgmma atom; they stack along M.
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, BlockN, HeadDim>>(),
+      AtomLayout{}));
+  static_assert(cute::size<1>(typename TiledMmaS::AtomShape_MNK{}) == kBlockN,
+                "S = Q K^T must be one wgmma per k-block: kBlockN needs its wgmma shape (define "
+                "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED before including CuTe)");
+  // O = P V: P from registers (K-major), V^T from shared memory, where V is stored (key, dim)
+  // with dim contiguous: an MN-major B operand.
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlockN>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // The widest swizzle a row of head_dim elements allows (128 B for every supported head dim).
+  using SmemAtomQ =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
+                                                                   BlockM, HeadDim>());
+  using SmemAtomKV =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
+                                                                   BlockN, HeadDim>());
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtomQ{}, cute::Shape<BlockM, HeadDim, cute::Int<kQBuffers>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtomKV{}, cute::Shape<BlockN, HeadDim, cute::Int<kStages>>{}));
+  // The same bytes as SmemLayoutKV seen as (dim, key, stage): V^T for the second wgmma.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    // Per Q buffer. Full: the copy engine has landed the tile's Q. Empty: every consumer thread
+    // is done with the last S GEMM of its tile, so the producer may load a later tile's Q.
+    cutlass::arch::ClusterTransactionBarrier barrier_q_full[kQBuffers];
+    cutlass::arch::ClusterBarrier barrier_q_empty[kQBuffers];
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= forward_smem_bytes(kHeadDim, sizeof(Element)),
+                "forward_config.h must bound the kernel's shared memory");
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // TMA copy atoms (their descriptors travel in the kernel parameters).
+  template <typename SmemLayout, typename Tile>
+  using Tma = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{},
+      cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
+                        GmemStride{}),
+      SmemLayout{}, Tile{}, cute::_1{}));
+  using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
+  using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutKV{})), cute::Shape<BlockN, HeadDim>>;
+};
+
+// The sizes the device code computes with, narrowed to int32 on the host (supports() bounds the
+// extents by 2^31 - 1), so that no 64-bit division runs in the kernel.
+struct TileGeometry {
+  int32_t seqlen_q;
+  int32_t kept_keys;  // logical keys (positions 0, kv_stride, 2 kv_stride, ...)
+  int32_t kv_stride;  // capped at seqlen_q: a larger stride hides the same keys
+  int32_t heads_q;
+  int32_t group_size;  // heads_q / heads_kv
+  bool causal;
+};
+
+template <typename Element, int kHeadDim>
+struct HopperForwardParams {
+  using Traits = KernelTraits<Element, kHeadDim>;
+  detail::ForwardKernelParams p;
+  TileGeometry geometry;
+  TileSchedule schedule;
+  ForwardKernelOptions options;
+  GmemShape shape_q, shape_k, shape_v;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+};
+
+// The (batch, head, rows, key blocks) of one query tile, as every role of the block sees it.
+struct TileCoords {
+  int32_t b, h, h_kv;
+  int32_t m_block;
+  int32_t m_begin;   // first query row
+  int32_t rows;      // valid query rows in the tile (the rest are past seqlen_q)
+  int32_t n_blocks;  // key blocks the tile's rows can see, walked from the last to the first
+};
+
+// One past the last logical key query row `row` (< seqlen_q) sees: key n is visible to query i
+// iff n < kept_keys and, when causal, n * kv_stride <= i.
+__device__ __forceinline__ int32_t row_key_end(const TileGeometry& g, int32_t row) {
+  return g.causal ? min(row / g.kv_stride + 1, g.kept_keys) : g.kept_keys;
+}
+
+// The first key block (blocks are numbered from 0 at key 0; the consumers walk them downwards)
+// in which some key is hidden from some query row from `first_row` on: the block that crosses
+// the end of the kept keys, or the first whose last key lies past the causal diagonal of
+// `first_row`. Rows past seqlen_q are never stored, so first_row is capped at the last row.
+template <int kBlockN>
+__device__ __forceinline__ int32_t first_masked_key_block(const TileGeometry& g,
+                                                          int32_t first_row) {
+  int32_t first = g.kept_keys / kBlockN;
+  if (g.causal) {
+    // (n + 1) * kBlockN - 1 > row / kv_stride (floored)  <=>  n >= (that + 1) / kBlockN.
+    const int32_t row = min(first_row, g.seqlen_q - 1);
+    first = min(first, (row / g.kv_stride + 1) / kBlockN);
+  }
+  return first;
+}
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ TileCoords tile_coords(const TileGeometry& g, QueryTile tile) {
+  TileCoords c;
+  c.b = tile.batch_head / g.heads_q;
+  c.h = tile.batch_head - c.b * g.heads_q;
+  c.h_kv = c.h / g.group_size;
+  c.m_block = tile.m_block;
+  c.m_begin = tile.m_block * kBlockM;
+  c.rows = min(kBlockM, g.seqlen_q - c.m_begin);
+  const int32_t key_end = row_key_end(g, c.m_begin + c.rows - 1);
+  c.n_blocks = (key_end + kBlockN - 1) / kBlockN;
+  return c;
+}
+
+}  // namespace samattn::hopper

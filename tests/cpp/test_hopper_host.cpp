@@ -1,0 +1,113 @@
+// The host-checkable parts of the Hopper forward, on the CPU: its tile schedule
+// (forward_scheduler.h: every query tile taken exactly once by the round robin over any grid,
+// causal units of paired tiles costing the same) and the exp2 it runs on the FMA pipe
+// (exp2_fma.h: the same arithmetic the kernel does, against exp2 in double).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attention/hopper/exp2_fma.h"
+#include "attention/hopper/forward_scheduler.h"
+
+namespace samattn::hopper {
+namespace {
+
+struct ScheduleCase {
+  int64_t batch_heads, seqlen_q;
+  bool causal;
+};
+
+// Walks the schedule exactly as each block of a `grid`-block launch does and counts the visits
+// of every (batch_head, m_block).
+std::vector<int> visits(const TileSchedule& s, int grid, int64_t batch_heads) {
+  std::vector<int> count(batch_heads * s.m_blocks, 0);
+  for (int block = 0; block < grid; ++block) {
+    for (int32_t unit = block; unit < s.units; unit += grid) {
+      for (int half = 0; half < s.tiles_in(unit); ++half) {
+        const QueryTile t = s.tile(unit, half);
+        EXPECT_GE(t.batch_head, 0);
+        EXPECT_LT(t.batch_head, batch_heads);
+        EXPECT_GE(t.m_block, 0);
+        EXPECT_LT(t.m_block, s.m_blocks);
+        ++count[int64_t{t.batch_head} * s.m_blocks + t.m_block];
+      }
+    }
+  }
+  return count;
+}
+
+TEST(HopperSchedule, EveryTileOnceForAnyGrid) {
+  const ScheduleCase cases[] = {
+      {1, 1, false},   {1, 1, true},      {3, 128, true},    {3, 129, true},   {2, 589, true},
+      {2, 589, false}, {256, 1024, true}, {16, 16384, true}, {7, 1000, false}, {50, 300, true}};
+  for (const ScheduleCase& c : cases) {
+    const TileSchedule s = make_tile_schedule(c.batch_heads, c.seqlen_q, 128, c.causal);
+    for (int grid : {1, 2, 5, 132, 1000}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "batch_heads " << c.batch_heads << " seqlen_q " << c.seqlen_q << " causal "
+                   << c.causal << " grid " << grid);
+      const std::vector<int> count = visits(s, grid, c.batch_heads);
+      EXPECT_TRUE(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
+    }
+  }
+}
+
+TEST(HopperSchedule, CausalUnitsCostTheSame) {
+  // Square 128 x 128 tiles: query tile m sees m + 1 key blocks.
+  for (int64_t seqlen : {256, 640, 1024, 4096, 16384}) {
+    const TileSchedule s = make_tile_schedule(4, seqlen, 128, true);
+    ASSERT_TRUE(s.paired);
+    int lightest = 1 << 30, heaviest = 0;
+    for (int32_t unit = 0; unit < s.units; ++unit) {
+      int blocks = 0;
+      for (int half = 0; half < s.tiles_in(unit); ++half) blocks += s.tile(unit, half).m_block + 1;
+      // With an odd tile count the middle tile runs alone; it is the only lighter unit.
+      if (s.tiles_in(unit) == 2) {
+        lightest = std::min(lightest, blocks);
+        heaviest = std::max(heaviest, blocks);
+      }
+      // The heavier tile of a pair comes first.
+      EXPECT_GE(s.tile(unit, 0).m_block, s.tile(unit, s.tiles_in(unit) - 1).m_block);
+    }
+    EXPECT_EQ(lightest, heaviest) << "seqlen " << seqlen;
+    EXPECT_EQ(heaviest, s.m_blocks + 1) << "seqlen " << seqlen;
+  }
+}
+
+TEST(HopperSchedule, NonCausalUnitsAreSingleTilesHeadByHead) {
+  const TileSchedule s = make_tile_schedule(3, 1000, 128, false);
+  EXPECT_FALSE(s.paired);
+  EXPECT_EQ(s.m_blocks, 8);
+  EXPECT_EQ(s.units, 24);
+  for (int32_t unit = 0; unit < s.units; ++unit) {
+    EXPECT_EQ(s.tiles_in(unit), 1);
+    EXPECT_EQ(s.tile(unit, 0).batch_head, unit / 8);
+    EXPECT_EQ(s.tile(unit, 0).m_block, unit % 8);
+  }
+}
+
+TEST(HopperExp2OnFma, WithinTwoUlpOfExp2OverTheSoftmaxRange) {
+  double worst = 0;
+  for (int i = 0; i <= 1000000; ++i) {
+    const float x = -125.f * static_cast<float>(i) / 1000000.f;
+    const double exact = std::exp2(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(exp2_on_fma(x) / exact - 1));
+  }
+  EXPECT_LT(worst, 2e-7);  // ex2.approx.f32: 2 ulp (2.4e-7)
+  EXPECT_EQ(exp2_on_fma(0.f), 1.f);
+  EXPECT_EQ(exp2_on_fma(-1.f), 0.5f);
+  EXPECT_EQ(exp2_on_fma(-100.f), std::ldexp(1.f, -100));
+}
+
+TEST(HopperExp2OnFma, ClampsFarBelowAndKeepsNan) {
+  EXPECT_EQ(exp2_on_fma(-1000.f), std::ldexp(1.f, -125));
+  EXPECT_EQ(exp2_on_fma(-std::numeric_limits<float>::infinity()), std::ldexp(1.f, -125));
+  EXPECT_TRUE(std::isnan(exp2_on_fma(std::numeric_limits<float>::quiet_NaN())));
+}
+
+}  // namespace
+}  // namespace samattn::hopper
