@@ -17,7 +17,7 @@ import torch
 from samattn.bench import report
 from samattn.bench.methods import all_methods
 from samattn.bench.runner import run_config, speedups
-from samattn.bench.suites import PENDING, SUITES
+from samattn.bench.suites import ALL, PENDING, SUITES
 
 
 def main(argv=None) -> int:
@@ -33,8 +33,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("samattn.bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    names = list(SUITES) if args.suites == ["all"] else args.suites
-    names = [n for n in names if n != "default"] if "all" in args.suites else names
+    names = [n for n in args.suites if n != "all"]
+    if "all" in args.suites:
+        names = [n for n in ALL if n not in names] + [n for n in names if n not in ALL]
+    output_name = "all" if "all" in args.suites else "_".join(names)
     methods = all_methods()
     chosen = set(args.methods.split(",")) if args.methods else None
     env = report.environment()
@@ -57,6 +59,7 @@ def main(argv=None) -> int:
             for row in suite_rows:
                 row["suite"] = name
             rows += suite_rows
+            report.write(rows, env, args.out, output_name, plots=False)
             continue
         if name not in SUITES:
             parser.error(f"unknown suite {name!r}")
@@ -83,6 +86,8 @@ def main(argv=None) -> int:
                 for row in suite_rows:
                     row["suite"] = name
                 rows += suite_rows
+        # A checkpoint after every suite: a run stopped by a time limit keeps what it measured.
+        report.write(rows, env, args.out, output_name, plots=False)
     speedups(rows)
     report.print_table(rows)
     if "masks" in names:
@@ -91,7 +96,7 @@ def main(argv=None) -> int:
         print("\nissue #6 targets:")
         for line in masks.summary([r for r in rows if r.get("suite") == "masks"]):
             print("  " + line)
-    paths = report.write(rows, env, args.out, "_".join(names))
+    paths = report.write(rows, env, args.out, output_name)
     print("\nwrote " + ", ".join(paths))
     return 0
 

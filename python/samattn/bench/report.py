@@ -59,7 +59,7 @@ def print_table(rows: List[dict]) -> None:
         print(format_row(row))
 
 
-def write(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
+def write(rows: List[dict], env: dict, out_dir: str, name: str, plots: bool = True) -> List[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     json_path = os.path.join(out_dir, f"{name}.json")
@@ -74,8 +74,9 @@ def write(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
         for row in rows:
             writer.writerow({**env, **row})
     paths.append(csv_path)
-    paths += plot(rows, env, out_dir, name)
-    paths += plot_speedups(rows, env, out_dir, name)
+    if plots:
+        paths += plot(rows, env, out_dir, name)
+        paths += plot_speedups(rows, env, out_dir, name)
     return paths
 
 
