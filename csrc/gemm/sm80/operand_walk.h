@@ -6,9 +6,10 @@
 //   kZeroFill:  none does (cp.async of 0 source bytes from the operand's base, or zero stores);
 //   kElements:  some do (a tail) or the operand does not allow cp.async: element loads of the
 //               `valid` leading elements, the rest zero.
-// A cp.async that reads fewer than 16 source bytes is never issued: its SASS form (LDGSTS.ZFILL)
-// addresses the whole 16-byte chunk, which runs past the end of an allocation whose last element
-// sits inside it (compute-sanitizer memcheck reports it; M = N = K = 1 in TF32 was the case).
+// A cp.async that reads fewer than 16 source bytes is never issued: ptxas turns it into
+// LDGSTS.ZFILL at the chunk address plus the zero-filled byte count, a 16-byte access that runs
+// past the end of an allocation whose last element sits inside the chunk (compute-sanitizer
+// memcheck failed the TF32 1 x 1 x 1 and mn-major tail cases on it).
 #pragma once
 
 #include <cstdint>
