@@ -17,9 +17,12 @@ void run(const samattn::GemmParams& params, cudaStream_t stream) {
 }  // namespace
 
 const SgemmVariant kSgemmVariants[] = {
-    {"128x128x8_w64x32_t8x8", &run<Sgemm128x128x8>},
-    {"128x128x16_w64x32_t8x8", &run<Sgemm128x128x16>},
-    {"128x128x8_w64x64_t8x16", &run<Sgemm128x128x8Lane8x16>},
     {"128x256x8_w64x64_t8x16", &run<Sgemm128x256x8>},
+    {"128x256x8_w64x64_t8x16_pf", &run<Sgemm128x256x8Pf>},
+    {"128x256x16_w64x64_t8x16_pf", &run<Sgemm128x256x16Pf>},
+    {"128x256x16_w64x32_t8x8", &run<Sgemm128x256x16Warps16>},
+    {"256x128x8_w64x64_t8x16_pf", &run<Sgemm256x128x8Pf>},
+    {"128x128x8_w64x64_t8x16_pf", &run<Sgemm128x128x8Lane8x16Pf>},
+    {"128x128x8_w64x32_t8x8", &run<Sgemm128x128x8>},
 };
 const int kSgemmVariantCount = sizeof(kSgemmVariants) / sizeof(kSgemmVariants[0]);

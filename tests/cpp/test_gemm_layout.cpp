@@ -213,9 +213,12 @@ void check_sgemm_config() {
 TEST(GemmSgemmLayout, EveryConfigCoversItsTiles) {
   using namespace detail::simt;
   check_sgemm_config<Sgemm128x128x8>();
-  check_sgemm_config<Sgemm128x128x16>();
-  check_sgemm_config<Sgemm128x128x8Lane8x16>();
+  check_sgemm_config<Sgemm128x128x8Lane8x16Pf>();
   check_sgemm_config<Sgemm128x256x8>();
+  check_sgemm_config<Sgemm128x256x8Pf>();
+  check_sgemm_config<Sgemm128x256x16Pf>();
+  check_sgemm_config<Sgemm128x256x16Warps16>();
+  check_sgemm_config<Sgemm256x128x8Pf>();
 }
 
 }  // namespace

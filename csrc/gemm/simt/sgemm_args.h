@@ -34,14 +34,17 @@ bool sgemm_supports(const GemmParams& params);
 SgemmArgs make_sgemm_args(const GemmParams& params);
 
 // A block tile of kBlockM x kBlockN x kBlockK, warps of kWarpM x kWarpN, lanes of kThreadM x
-// kThreadN accumulators (4 x 4 sub-tiles); kMinBlocksPerSm bounds the registers.
+// kThreadN accumulators (4 x 4 sub-tiles); kMinBlocksPerSm bounds the registers. With
+// kPrefetchAcrossSlices a lane loads the next slice's first fragments right after the slice
+// barrier and before the current slice's last FMAs (sgemm_kernel.cuh), else after the barrier.
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kWarpM_, int kWarpN_, int kThreadM_,
-          int kThreadN_, int kMinBlocksPerSm_>
+          int kThreadN_, int kMinBlocksPerSm_, bool kPrefetchAcrossSlices_ = false>
 struct SgemmConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_;
   static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
   static constexpr int kThreadM = kThreadM_, kThreadN = kThreadN_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr bool kPrefetchAcrossSlices = kPrefetchAcrossSlices_;
   static constexpr int kWarpsM = kBlockM / kWarpM, kWarpsN = kBlockN / kWarpN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kLanesM = kWarpM / kThreadM, kLanesN = kWarpN / kThreadN;
@@ -57,7 +60,9 @@ struct SgemmConfig {
   static_assert(kVecsA >= 1 && kVecsA * kThreads * 4 == kBlockM * kBlockK, "A loader split");
   static_assert(kVecsB >= 1 && kVecsB * kThreads * 4 == kBlockN * kBlockK, "B loader split");
   static_assert(kBlockK % 4 == 0, "k-fast operands load float4 along k");
-  static_assert(2 * kBlockK * (kLdA + kLdB) * 4 <= 48 * 1024, "static shared memory");
+  // Two slices of A and B (dynamic shared memory; above 48 KiB the launch opts in).
+  static constexpr int kSmemBytes = 2 * kBlockK * (kLdA + kLdB) * static_cast<int>(sizeof(float));
+  static_assert(!kPrefetchAcrossSlices || kBlockK % 2 == 0, "fragment buffers alternate per k");
 };
 
 // Where a loader vector of a slice goes: four consecutive elements along the operand's fast
@@ -91,12 +96,15 @@ SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
 }
 
 // The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
-// ShippedSgemm. Name format: block MxNxK, warp MxN, lane MxN.
+// ShippedSgemm. Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices.
 using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
-using Sgemm128x128x16 = SgemmConfig<128, 128, 16, 64, 32, 8, 8, 1>;
-using Sgemm128x128x8Lane8x16 = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2>;
+using Sgemm128x128x8Lane8x16Pf = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true>;
 using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;
-using ShippedSgemm = Sgemm128x128x8Lane8x16;
+using Sgemm128x256x8Pf = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true>;
+using Sgemm128x256x16Pf = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true>;
+using Sgemm128x256x16Warps16 = SgemmConfig<128, 256, 16, 64, 32, 8, 8, 1>;  // 512 threads
+using Sgemm256x128x8Pf = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true>;
+using ShippedSgemm = Sgemm128x256x8;
 
 // The largest block height of the configurations above (for sgemm_supports' grid limit).
 inline constexpr int kSgemmMaxBlockM = 128;

@@ -1,19 +1,20 @@
 // Internal: the fp32 IEEE SGEMM on CUDA cores, warp-tiled.
 //
 // A block computes a kBlockM x kBlockN tile of C from kBlockK-deep slices of A and B held in
-// double-buffered shared memory, both stored k-major (As[k][m], Bs[k][n]) so every fragment
-// read is a 16-byte vector along m or n. The block's warps tile it in kWarpM x kWarpN pieces;
-// inside a warp each lane owns a kThreadM x kThreadN accumulator tile made of 4 x 4 sub-tiles
-// spread kWarpM / (kThreadM / 4) rows (and columns) apart, so the lanes of a quarter-warp read
-// eight consecutive float4 of A (or one broadcast float4) and never conflict on a bank. Per
-// k step a lane loads kThreadM + kThreadN floats and issues kThreadM * kThreadN FFMAs.
+// double-buffered (dynamic) shared memory, both stored k-major (As[k][m], Bs[k][n]) so every
+// fragment read is a 16-byte vector along m or n. The block's warps tile it in kWarpM x kWarpN
+// pieces; inside a warp each lane owns a kThreadM x kThreadN accumulator tile made of 4 x 4
+// sub-tiles spread kWarpM / (kThreadM / 4) rows (and columns) apart, so the lanes of a quarter-warp
+// read eight consecutive float4 of A (or one broadcast float4) and never conflict on a bank. Per k
+// step a lane loads kThreadM + kThreadN floats and issues kThreadM * kThreadN FFMAs.
 //
 // The next slice's global loads are issued into registers before the current slice's FMAs and
-// stored to the other buffer after them (one barrier per slice). Each operand is walked along
-// its unit (or smaller) stride: with a unit stride, aligned addresses and a slice inside the
-// matrix, one float4 load per vector; otherwise bounds-checked scalar loads at any strides.
-// k-fast A and k-fast B are transposed on their way into shared memory (4 scalar stores per
-// vector; the rows are padded by 4 floats so these stores do not conflict).
+// stored to the other buffer after them (one barrier per slice); kPrefetchAcrossSlices also
+// moves the next slice's first fragment loads ahead of the slice's last FMAs. Each operand is
+// walked along its unit (or smaller) stride: with a unit stride, aligned addresses and a slice
+// inside the matrix, one float4 load per vector; otherwise bounds-checked scalar loads at any
+// strides. k-fast A and k-fast B are transposed on their way into shared memory (4 scalar stores
+// per vector; the rows are padded by 4 floats so these stores do not conflict).
 #pragma once
 
 #include <cstdint>
@@ -55,8 +56,10 @@ template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     sgemm_kernel(const SgemmArgs args) {
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, BK = Cfg::kBlockK;
-  __shared__ __align__(16) float As[2][BK][Cfg::kLdA];
-  __shared__ __align__(16) float Bs[2][BK][Cfg::kLdB];
+  extern __shared__ __align__(16) float sgemm_smem[];
+  float(*As)[BK][Cfg::kLdA] = reinterpret_cast<float(*)[BK][Cfg::kLdA]>(sgemm_smem);
+  float(*Bs)[BK][Cfg::kLdB] =
+      reinterpret_cast<float(*)[BK][Cfg::kLdB]>(sgemm_smem + 2 * BK * Cfg::kLdA);
 
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = static_cast<int>(blockIdx.y) * BM;
@@ -87,20 +90,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int64_t a_step = BK * args.a_cs, b_step = BK * args.b_rs;
 
   float4 ra[Cfg::kVecsA], rb[Cfg::kVecsB];
+  // Interior slices of interior blocks take one uniform branch to plain float4 loads, so the
+  // bounds arithmetic of the general path stays out of the main loop's common case.
+  const bool blocks_inside = a_inside && b_inside;
   auto load_slice = [&](int64_t k0) {
     const bool k_inside = k0 + BK <= args.k;
+    if (blocks_inside && k_inside) {
 #pragma unroll
-    for (int v = 0; v < Cfg::kVecsA; ++v) {
-      ra[v] = load_vector(a_ptr[v], a_inside && k_inside, a_fast_stride, a_k_fast,
-                          m_left - a_slot[v].mn, args.k - k0 - a_slot[v].k);
-      a_ptr[v] += a_step;
+      for (int v = 0; v < Cfg::kVecsA; ++v)
+        ra[v] = __ldg(reinterpret_cast<const float4*>(a_ptr[v]));
+#pragma unroll
+      for (int v = 0; v < Cfg::kVecsB; ++v)
+        rb[v] = __ldg(reinterpret_cast<const float4*>(b_ptr[v]));
+    } else {
+#pragma unroll
+      for (int v = 0; v < Cfg::kVecsA; ++v) {
+        ra[v] = load_vector(a_ptr[v], a_inside && k_inside, a_fast_stride, a_k_fast,
+                            m_left - a_slot[v].mn, args.k - k0 - a_slot[v].k);
+      }
+#pragma unroll
+      for (int v = 0; v < Cfg::kVecsB; ++v) {
+        rb[v] = load_vector(b_ptr[v], b_inside && k_inside, b_fast_stride, b_k_fast,
+                            n_left - b_slot[v].mn, args.k - k0 - b_slot[v].k);
+      }
     }
 #pragma unroll
-    for (int v = 0; v < Cfg::kVecsB; ++v) {
-      rb[v] = load_vector(b_ptr[v], b_inside && k_inside, b_fast_stride, b_k_fast,
-                          n_left - b_slot[v].mn, args.k - k0 - b_slot[v].k);
-      b_ptr[v] += b_step;
-    }
+    for (int v = 0; v < Cfg::kVecsA; ++v) a_ptr[v] += a_step;
+#pragma unroll
+    for (int v = 0; v < Cfg::kVecsB; ++v) b_ptr[v] += b_step;
   };
   auto store_slice = [&](int buf) {
 #pragma unroll
@@ -123,41 +140,75 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 #pragma unroll
     for (int j = 0; j < Cfg::kThreadN; ++j) acc[i][j] = 0.0f;
 
+  // One k step: the lane's fragments of slice buffer `buf` at k index kk, and its FMAs.
+  auto load_fragments = [&](int buf, int kk, float4(&fa)[Cfg::kSubM], float4(&fb)[Cfg::kSubN]) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kSubM; ++i) {
+      fa[i] = *reinterpret_cast<const float4*>(&As[buf][kk][row0 + i * Cfg::kSubStrideM]);
+    }
+#pragma unroll
+    for (int j = 0; j < Cfg::kSubN; ++j) {
+      fb[j] = *reinterpret_cast<const float4*>(&Bs[buf][kk][col0 + j * Cfg::kSubStrideN]);
+    }
+  };
+  auto multiply = [&](const float4(&fa)[Cfg::kSubM], const float4(&fb)[Cfg::kSubN]) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kSubM; ++i) {
+      const float x[4] = {fa[i].x, fa[i].y, fa[i].z, fa[i].w};
+#pragma unroll
+      for (int j = 0; j < Cfg::kSubN; ++j) {
+        const float y[4] = {fb[j].x, fb[j].y, fb[j].z, fb[j].w};
+#pragma unroll
+        for (int ii = 0; ii < 4; ++ii)
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            acc[4 * i + ii][4 * j + jj] = fmaf(x[ii], y[jj], acc[4 * i + ii][4 * j + jj]);
+          }
+      }
+    }
+  };
+
   const int64_t slices = (args.k + BK - 1) / BK;
   load_slice(0);
   store_slice(0);
   __syncthreads();
-  for (int64_t s = 0; s < slices; ++s) {
-    const int buf = static_cast<int>(s & 1);
-    if (s + 1 < slices) load_slice((s + 1) * BK);
+  if constexpr (Cfg::kPrefetchAcrossSlices) {
+    // Fragments alternate between two register sets; the set for k step kk + 1 is loaded
+    // before kk's FMAs. The last k step stores the next slice, waits at the barrier and loads
+    // the next slice's first fragments before its own FMAs, so their latency hides behind
+    // them (the buffer it stores into was last read before the previous slice's barrier).
+    float4 fa[2][Cfg::kSubM], fb[2][Cfg::kSubN];
+    load_fragments(0, 0, fa[0], fb[0]);
+    for (int64_t s = 0; s < slices; ++s) {
+      const int buf = static_cast<int>(s & 1);
+      const bool has_next = s + 1 < slices;
+      if (has_next) load_slice((s + 1) * BK);
 #pragma unroll
-    for (int kk = 0; kk < BK; ++kk) {
-      float4 fa[Cfg::kSubM], fb[Cfg::kSubN];
-#pragma unroll
-      for (int i = 0; i < Cfg::kSubM; ++i) {
-        fa[i] = *reinterpret_cast<const float4*>(&As[buf][kk][row0 + i * Cfg::kSubStrideM]);
-      }
-#pragma unroll
-      for (int j = 0; j < Cfg::kSubN; ++j) {
-        fb[j] = *reinterpret_cast<const float4*>(&Bs[buf][kk][col0 + j * Cfg::kSubStrideN]);
-      }
-#pragma unroll
-      for (int i = 0; i < Cfg::kSubM; ++i) {
-        const float x[4] = {fa[i].x, fa[i].y, fa[i].z, fa[i].w};
-#pragma unroll
-        for (int j = 0; j < Cfg::kSubN; ++j) {
-          const float y[4] = {fb[j].x, fb[j].y, fb[j].z, fb[j].w};
-#pragma unroll
-          for (int ii = 0; ii < 4; ++ii)
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              acc[4 * i + ii][4 * j + jj] = fmaf(x[ii], y[jj], acc[4 * i + ii][4 * j + jj]);
-            }
+      for (int kk = 0; kk < BK; ++kk) {
+        const int cur = kk & 1;
+        if (kk + 1 < BK) {
+          load_fragments(buf, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
+        } else {
+          if (has_next) store_slice(buf ^ 1);
+          __syncthreads();
+          if (has_next) load_fragments(buf ^ 1, 0, fa[cur ^ 1], fb[cur ^ 1]);
         }
+        multiply(fa[cur], fb[cur]);
       }
     }
-    if (s + 1 < slices) store_slice(buf ^ 1);
-    __syncthreads();
+  } else {
+    for (int64_t s = 0; s < slices; ++s) {
+      const int buf = static_cast<int>(s & 1);
+      if (s + 1 < slices) load_slice((s + 1) * BK);
+#pragma unroll
+      for (int kk = 0; kk < BK; ++kk) {
+        float4 fa[Cfg::kSubM], fb[Cfg::kSubN];
+        load_fragments(buf, kk, fa, fb);
+        multiply(fa, fb);
+      }
+      if (s + 1 < slices) store_slice(buf ^ 1);
+      __syncthreads();
+    }
   }
 
   // Epilogue: alpha * acc (+ beta * C, read only when beta != 0); a float4 per sub-tile row

@@ -4,6 +4,7 @@
 
 #include "common/check.h"
 #include "common/cuda_check.h"
+#include "common/device.h"
 #include "gemm/simt/sgemm_args.h"
 #include "gemm/simt/sgemm_kernel.cuh"
 
@@ -17,7 +18,9 @@ void launch_sgemm(const GemmParams& params, cudaStream_t stream) {
                   static_cast<unsigned>(params.batch));
   SAMATTN_CHECK(grid.y <= 65535 && grid.z <= 65535, "m (", args.m, ") and batch (", params.batch,
                 ") must give at most 65535 row tiles and batches");
-  sgemm_kernel<Cfg><<<grid, Cfg::kThreads, 0, stream>>>(args);
+  const auto kernel = sgemm_kernel<Cfg>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
   SAMATTN_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,7 @@
 // Normalises a GEMM for the sm80 mma.sync kernel and picks the dtype's instantiation. A
 // column-major-like C runs as C^T = B^T A^T; each operand is walked along its unit (or
 // smaller) stride, with cp.async when that stride is 1 and every 16-byte chunk is aligned,
-// else with scalar loads, so any strides work.
+// else with scalar loads, so any strides work (tail chunks load element-wise either way).
 #include <cstdint>
 
 #include "common/check.h"
@@ -17,8 +17,11 @@ constexpr int kChunkBytes = 16;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-sm80::OperandArgs operand(const void* ptr, int64_t mn, int64_t k, int64_t mn_stride,
-                          int64_t k_stride, int64_t batch, int64_t batch_stride, int elem_bytes) {
+}  // namespace
+
+sm80::OperandArgs sm80::make_operand(const void* ptr, int64_t mn, int64_t k, int64_t mn_stride,
+                                     int64_t k_stride, int64_t batch, int64_t batch_stride,
+                                     int elem_bytes) {
   // A dimension of extent 1 has no meaningful stride: 0 keeps it out of the alignment rule.
   if (mn == 1) mn_stride = 0;
   if (k == 1) k_stride = 0;
@@ -35,8 +38,6 @@ sm80::OperandArgs operand(const void* ptr, int64_t mn, int64_t k, int64_t mn_str
   return op;
 }
 
-}  // namespace
-
 bool sm80_gemm_supports(const GemmParams& p) {
   const bool tensor_core_dtype = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16 ||
                                  (p.dtype == DType::kFloat32 && p.allow_tf32);
@@ -50,10 +51,10 @@ void launch_sm80_gemm(const GemmParams& params, cudaStream_t stream) {
   const GemmParams p = with_row_major_c(params);
   const int elem_bytes = dtype_size(p.dtype);
   sm80::GemmArgs args{};
-  args.a =
-      operand(p.a, p.m, p.k, p.a_row_stride, p.a_col_stride, p.batch, p.a_batch_stride, elem_bytes);
-  args.b =
-      operand(p.b, p.n, p.k, p.b_col_stride, p.b_row_stride, p.batch, p.b_batch_stride, elem_bytes);
+  args.a = sm80::make_operand(p.a, p.m, p.k, p.a_row_stride, p.a_col_stride, p.batch,
+                              p.a_batch_stride, elem_bytes);
+  args.b = sm80::make_operand(p.b, p.n, p.k, p.b_col_stride, p.b_row_stride, p.batch,
+                              p.b_batch_stride, elem_bytes);
   args.c = p.c;
   args.c_rs = p.m == 1 ? 0 : p.c_row_stride;
   args.c_cs = p.n == 1 ? 1 : p.c_col_stride;

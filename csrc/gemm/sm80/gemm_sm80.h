@@ -17,6 +17,11 @@ struct OperandArgs {
   bool async;     // unit fast stride, 16-byte aligned chunks: cp.async, else scalar loads
 };
 
+// The operand of `mn` x `k` elements (per batch) at `ptr` with these element strides, as the
+// kernel walks it (defined in dispatch.cpp; CPU tests replay its loads from it).
+OperandArgs make_operand(const void* ptr, int64_t mn, int64_t k, int64_t mn_stride,
+                         int64_t k_stride, int64_t batch, int64_t batch_stride, int elem_bytes);
+
 // The problem as the kernel sees it: C row-major-like (a column-major C runs as
 // C^T = B^T A^T), sizes below 2^31.
 struct GemmArgs {
