@@ -2,6 +2,7 @@
 // Compiled into the main library for every build; the launchers exist only with
 // SAMATTN_HAVE_SM90.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "attention/alignment.h"
@@ -104,16 +105,32 @@ Status backward_supports(const AttentionBackwardParams& bp) {
 #endif
 }
 
+int backward_block_m_from_environment(DType dtype, int64_t head_dim) {
+  const int standard = backward_block_m(head_dim);
+  const char* value = std::getenv("SAMATTN_HOPPER_BWD_BLOCK_M");
+  if (value == nullptr || *value == '\0') return standard;
+  const std::string text(value);
+  if (text == std::to_string(standard)) return standard;
+  // The one variant built besides the defaults: 64 query rows per step at bf16 / head_dim 64.
+  const bool variant_built = dtype == DType::kBFloat16 && head_dim == 64;
+  SAMATTN_CHECK(text == "64" && variant_built, "SAMATTN_HOPPER_BWD_BLOCK_M must be unset, ",
+                standard,
+                " (the default for this call) or, for bfloat16 with head_dim 64 only, 64; got '",
+                text, "' for ", dtype_name(dtype), " head_dim ", head_dim);
+  return 64;
+}
+
 #ifdef SAMATTN_HAVE_SM90
 namespace {
 
 template <DType kDType>
 void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t stream) {
+  const int block_m = backward_block_m_from_environment(kDType, params.fwd.head_dim);
   switch (params.fwd.head_dim) {
     case 64:
-      return launch_backward<kDType, 64>(params, stream);
+      return launch_backward<kDType, 64>(params, block_m, stream);
     case 128:
-      return launch_backward<kDType, 128>(params, stream);
+      return launch_backward<kDType, 128>(params, block_m, stream);
   }
   SAMATTN_CHECK(false, "backend hopper does not support the backward with head_dim ",
                 params.fwd.head_dim, " (supported: ", detail::comma_list(kBackwardHeadDims), ")");
