@@ -2,6 +2,7 @@
 // validation of every field, and (with a GPU) the SIMT backward against the reference for every
 // dtype and option, with poisoned outputs and every element checked.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -748,6 +749,62 @@ TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
       pb.params.deterministic = true;
       expect_bit_identical_reruns(pb);
     }
+  }
+}
+
+// Sets SAMATTN_HOPPER_BWD_BLOCK_M for one scope (the dispatcher reads it on every call).
+class ScopedHopperBackwardBlockM {
+ public:
+  explicit ScopedHopperBackwardBlockM(const char* value) {
+    setenv("SAMATTN_HOPPER_BWD_BLOCK_M", value, 1);
+  }
+  ~ScopedHopperBackwardBlockM() { unsetenv("SAMATTN_HOPPER_BWD_BLOCK_M"); }
+};
+
+// The benchmark-only 64-row variant at bf16 / head_dim 64 (SAMATTN_HOPPER_BWD_BLOCK_M=64) meets
+// the same rule as the default 128-row kernel, atomic and deterministic; a value with no built
+// variant is an error naming the variable, raised before any launch.
+TEST(BackwardHopperRuns, BlockM64VariantMatchesReference) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  const Scenario list[] = {
+      {"variant_dense", {2, 3, 3, 77, 129, 64, 64}},
+      {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, 64, 64}, true, 2},
+      {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, 64, 64}, true},
+  };
+  {
+    const ScopedHopperBackwardBlockM variant("64");
+    for (const Scenario& sc : list) {
+      for (bool deterministic : {false, true}) {
+        SCOPED_TRACE(sc.name + (deterministic ? "/deterministic" : "/atomic"));
+        BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
+                           sc.seed(), sc.scale);
+        pb.params.forward.backend = Backend::kHopper;
+        pb.params.deterministic = deterministic;
+        expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
+      }
+    }
+    // fp16 has no 64-row variant at head_dim 64.
+    BackwardProblem f16({1, 2, 2, 31, 45, 64, 64}, DType::kFloat16);
+    f16.params.forward.backend = Backend::kHopper;
+    DeviceBackward dev(f16);
+    try {
+      attention_backward(dev.params, nullptr);
+      FAIL() << "SAMATTN_HOPPER_BWD_BLOCK_M=64 accepted for float16";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_BWD_BLOCK_M"), std::string::npos)
+          << error.what();
+    }
+  }
+  const ScopedHopperBackwardBlockM bogus("96");
+  BackwardProblem pb({1, 2, 2, 31, 45, 64, 64}, DType::kBFloat16);
+  pb.params.forward.backend = Backend::kHopper;
+  DeviceBackward dev(pb);
+  try {
+    attention_backward(dev.params, nullptr);
+    FAIL() << "SAMATTN_HOPPER_BWD_BLOCK_M=96 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_BWD_BLOCK_M"), std::string::npos)
+        << error.what();
   }
 }
 
