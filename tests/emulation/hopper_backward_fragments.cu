@@ -23,9 +23,9 @@
 using namespace cute;
 using namespace samattn::hopper::bwd;
 
-template <typename Element, int kHeadDim, int kBlockM>
+template <typename Element, int kHeadDim, int kBlockM, bool kDqPerWarpgroup = false>
 int check() {
-  using T = Traits<Element, kHeadDim, kBlockM>;
+  using T = Traits<Element, kHeadDim, kBlockM, kDqPerWarpgroup>;
   int bad = 0;
   const auto report = [&](const char* what, int tid, int i) {
     if (bad++ < 10) {
@@ -66,11 +66,15 @@ int check() {
         if (buffer == 0) ds_seen.insert(at);
       }
     }
-    Tensor cq = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(dq_tile));
+    Tensor cq =
+        mma_dq.get_thread_slice(tid % T::kDqThreads).partition_C(make_identity_tensor(dq_tile));
     for (int i = 0; i < size(cq); ++i) {
       const int row = get<0>(cq(i)), col = get<1>(cq(i));
       dq_seen.insert(row * kHeadDim + col);
-      const int owner = T::kDqWarpgroupsM == 2 ? row / 64 : col / (kHeadDim / 2);
+      // (kDqPerWarpgroup: each warpgroup holds a partial dQ of the whole tile.)
+      const int owner = kDqPerWarpgroup          ? warpgroup
+                        : T::kDqWarpgroupsM == 2 ? row / 64
+                                                 : col / (kHeadDim / 2);
       if (owner != warpgroup) report("dQ element outside the warpgroup's half", tid, i);
       if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
         report("dQ pair not adjacent", tid, i);
@@ -90,20 +94,21 @@ int check() {
   if (int(ds_seen.size()) != T::kBlockN * T::kBlockM) report("dS store coverage", -1, -1);
   if (int(dq_seen.size()) != T::kBlockM * kHeadDim) report("dQ coverage", -1, -1);
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
-  printf("%s D=%d M=%d: %d problems, shared memory %d bytes\n",
-         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM, bad,
-         T::kSmemBytes);
+  printf("%s D=%d M=%d%s: %d problems, shared memory %d bytes\n",
+         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM,
+         kDqPerWarpgroup ? " dQ per warpgroup" : "", bad, T::kSmemBytes);
   return bad;
 }
 
 int main() {
-  // The shipped configurations (backward_block_m) and the benchmark-only 64-row one at D = 64.
+  // The shipped configurations (backward_block_m) and the benchmark-only variants at D = 64.
   using samattn::hopper::backward_block_m;
   const int bad = check<cutlass::bfloat16_t, 64, backward_block_m(64)>() +
                   check<cutlass::bfloat16_t, 128, backward_block_m(128)>() +
                   check<cutlass::half_t, 64, backward_block_m(64)>() +
                   check<cutlass::half_t, 128, backward_block_m(128)>() +
-                  check<cutlass::bfloat16_t, 64, 64>();
+                  check<cutlass::bfloat16_t, 64, 64>() +
+                  check<cutlass::bfloat16_t, 64, 128, true>();
   printf("%s\n", bad == 0 ? "OK" : "FAIL");
   return bad == 0 ? 0 : 1;
 }

@@ -40,6 +40,9 @@
 //    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
 //    only after passing the next step's barrier, which the other warpgroup reaches only after
 //    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
+//    kDqPerWarpgroup: a warpgroup's dQ wgmma reads only the dS columns of its own keys, which
+//    only its own threads write; they meet at the warpgroup's own named barrier, and the next
+//    write of the buffer follows the warpgroup's wait_group 0 of this step.
 //  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
 //    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
 //    shared memory before any wgmma takes it, and every register fragment of a step is declared
@@ -66,16 +69,26 @@ using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Named barrier (CUTLASS numbers user barriers after its reserved ones) where the consumers meet
-// once the step's dS is in shared memory.
+// Named barriers (CUTLASS numbers user barriers after its reserved ones) where the consumers meet
+// once the step's dS is in shared memory: both warpgroups, or (kDqPerWarpgroup) each its own.
 inline constexpr uint32_t kDsReadyBarrier = 0;
+inline constexpr uint32_t kDsReadyBarrierOfWarpgroup0 = 1;
 
-template <typename Element_, int kHeadDim_, int kBlockM_ = backward_block_m(kHeadDim_)>
+// kDqPerWarpgroup (a benchmark variant): each warpgroup computes a partial dQ of all the step's
+// rows over its own 64 keys and adds it into the accumulator, so the warpgroups never wait for
+// each other's dS (one may run its softmax while the other's GEMMs use the tensor cores), at
+// twice the dQ reduction traffic and a 64-register dQ accumulator.
+template <typename Element_, int kHeadDim_, int kBlockM_ = backward_block_m(kHeadDim_),
+          bool kDqPerWarpgroup_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = kBlockM_;
+  static constexpr bool kDqPerWarpgroup = kDqPerWarpgroup_;
+  // Keys dQ = dS K contracts over in one warpgroup, and the threads of its tiled MMA.
+  static constexpr int kDqKeys = kDqPerWarpgroup ? 64 : Cfg::kBlockN;
+  static constexpr int kDqThreads = kDqPerWarpgroup ? 128 : 128 * Cfg::kConsumerWarpgroups;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -97,6 +110,12 @@ struct Traits {
   using AlongM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using DqSplit =
       cute::Layout<cute::Shape<cute::Int<kDqWarpgroupsM>, cute::Int<kDqWarpgroupsN>, cute::_1>>;
+  using DqAtomShape =
+      cute::conditional_t<kDqPerWarpgroup, cute::Shape<cute::_64, HeadDim, cute::_64>,
+                          cute::Shape<cute::_64, DqWarpgroupN, BlockN>>;
+  using DqLayout =
+      cute::conditional_t<kDqPerWarpgroup, cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>,
+                          DqSplit>;
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
@@ -108,13 +127,13 @@ struct Traits {
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlockM>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AlongM{}));
-  // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
+  // dQ = dS K: (query, dim), contraction over the block's keys (kDqPerWarpgroup: over the
+  // warpgroup's own 64, one warpgroup covering the whole tile). A = dS stored query-contiguous,
   // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory.
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, DqWarpgroupN, BlockN>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
-      DqSplit{}));
+      cute::GMMA::ss_op_selector<Element, Element, float, DqAtomShape, cute::GMMA::Major::MN,
+                                 cute::GMMA::Major::MN>(),
+      DqLayout{}));
 
   // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
   using SmemAtomKV =
@@ -315,7 +334,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   typename T::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid % T::kDqThreads);
 
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
@@ -333,9 +352,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);    // (MMA, 1, D/16, stage)
   Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, kBlockM/16, stage)
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, kBlockN/16, buffer)
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M, kBlockN/16, buffer)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
-  Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
+  // The first 16-key k-block of dQ's contraction in this warpgroup.
+  const int dq_first_kblock = T::kDqPerWarpgroup ? warpgroup * (T::kDqKeys / 16) : 0;
+  Tensor tSsdS = thr_sdp.partition_C(sdSt);  // (MMA, 1, 1, buffer): where dS^T goes
 
   const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
   const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
@@ -433,9 +454,23 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
-      issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
-                                                              tdQrKt, tdQrdQ);
+      if constexpr (T::kDqPerWarpgroup) {
+        cutlass::arch::NamedBarrier::sync(128, kDsReadyBarrierOfWarpgroup0 + warpgroup);
+        warpgroup_fence_operand(tdQrdQ);
+        warpgroup_arrive();
+        mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int kb = 0; kb < T::kDqKeys / 16; ++kb) {
+          gemm(mma_dq, tdQrdS(_, _, dq_first_kblock + kb, buffer),
+               tdQrKt(_, _, dq_first_kblock + kb), tdQrdQ);
+          mma_dq.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+      } else {
+        cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
+        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+                                                                tdQrKt, tdQrdQ);
+      }
     }
     issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage),
                                                             tdKrdK);

@@ -94,7 +94,8 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
 }  // namespace bwd
 
 template <DType kDType, int kHeadDim>
-void launch_backward(const detail::BackwardKernelParams& p, int block_m, cudaStream_t stream) {
+void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant variant,
+                     cudaStream_t stream) {
   using Element = typename bwd::CuteElement<kDType>::type;
   const detail::ForwardKernelParams& f = p.fwd;
   const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
@@ -102,17 +103,21 @@ void launch_backward(const detail::BackwardKernelParams& p, int block_m, cudaStr
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
   }
   if (f.kept_keys > 0) {
-    // The benchmark-only 64-row variant at head_dim 64 (bf16 alone, to keep the build small);
-    // backward_block_m_from_environment() has refused it anywhere else.
+    // The benchmark-only variants, built for bf16 at head_dim 64 alone to keep the build small;
+    // backward_variant_from_environment() has refused them anywhere else.
     if constexpr (kDType == DType::kBFloat16 && kHeadDim == 64) {
-      if (block_m == 64) {
+      if (variant == BackwardVariant::kBlockM64) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 64>>(p, stream);
-        return tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);
+      } else if (variant == BackwardVariant::kDqPerWarpgroup) {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 128, true>>(p, stream);
+      } else {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
       }
+    } else {
+      SAMATTN_CHECK(variant == BackwardVariant::kDefault,
+                    "the Hopper backward variants are built for bfloat16 head_dim 64 only");
+      bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
     }
-    SAMATTN_CHECK(block_m == backward_block_m(kHeadDim), "the Hopper backward has no ", block_m,
-                  "-row variant at head_dim ", kHeadDim);
-    bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
   }
   tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention/backward_kernel_params.h"
+#include "attention/hopper/backward_config.h"
 #include "samattn/attention.h"
 #include "samattn/types.h"
 
@@ -16,16 +17,17 @@ namespace samattn::hopper {
 // dK and dV with the wgmma/TMA kernel, and dQ: with params.dq_accum set, added into it by the
 // same kernel and then scaled and rounded by the tensor-core backward's conversion kernel;
 // otherwise by the tensor-core backward's deterministic dQ kernel. D must already be in
-// params.delta. One instantiation per (dtype, head dim), in generated files. block_m: query rows
-// per step, backward_block_m(kHeadDim) or (bf16, head_dim 64 only) the benchmark-only 64.
+// params.delta. One instantiation per (dtype, head dim), in generated files; `variant` other
+// than kDefault only for bf16 at head_dim 64 (backward_config.h).
 template <DType kDType, int kHeadDim>
-void launch_backward(const detail::BackwardKernelParams& params, int block_m, cudaStream_t stream);
+void launch_backward(const detail::BackwardKernelParams& params, BackwardVariant variant,
+                     cudaStream_t stream);
 
-// Query rows per step for (dtype, head_dim): backward_block_m(head_dim) unless the environment
-// variable SAMATTN_HOPPER_BWD_BLOCK_M (benchmark-only: "64" measures the 64-row variant of
-// bf16 / head_dim 64 against the default in one process) asks otherwise. A value that is not a
-// built variant for the call is an error naming the variable.
-int backward_block_m_from_environment(DType dtype, int64_t head_dim);
+// The variant the environment variable SAMATTN_HOPPER_BWD_VARIANT asks for (benchmark-only):
+// unset, empty or "default": kDefault; "block_m64" / "dq_per_warpgroup": that variant, built for
+// bf16 at head_dim 64 only. Any other value, or a variant that is not built for the call, is an
+// error naming the variable.
+BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim);
 
 // Whether the dtype and head dims have an instantiation (no device query).
 bool backward_has_kernel(const AttentionParams& params);
