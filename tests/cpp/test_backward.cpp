@@ -752,30 +752,48 @@ TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
   }
 }
 
-// Sets SAMATTN_HOPPER_BWD_BLOCK_M for one scope (the dispatcher reads it on every call).
-class ScopedHopperBackwardBlockM {
+// Sets SAMATTN_HOPPER_BWD_VARIANT for one scope (the dispatcher reads it on every call).
+class ScopedHopperBackwardVariant {
  public:
-  explicit ScopedHopperBackwardBlockM(const char* value) {
-    setenv("SAMATTN_HOPPER_BWD_BLOCK_M", value, 1);
+  explicit ScopedHopperBackwardVariant(const char* value) {
+    setenv("SAMATTN_HOPPER_BWD_VARIANT", value, 1);
   }
-  ~ScopedHopperBackwardBlockM() { unsetenv("SAMATTN_HOPPER_BWD_BLOCK_M"); }
+  ~ScopedHopperBackwardVariant() { unsetenv("SAMATTN_HOPPER_BWD_VARIANT"); }
 };
 
-// The benchmark-only 64-row variant at bf16 / head_dim 64 (SAMATTN_HOPPER_BWD_BLOCK_M=64) meets
-// the same rule as the default 128-row kernel, atomic and deterministic; a value with no built
-// variant is an error naming the variable, raised before any launch.
-TEST(BackwardHopperRuns, BlockM64VariantMatchesReference) {
+// Expects the Hopper backward of a small `dtype` / head_dim 64 call to throw an error that names
+// SAMATTN_HOPPER_BWD_VARIANT (set by the caller).
+void expect_variant_error(DType dtype, int64_t head_dim) {
+  BackwardProblem pb({1, 2, 2, 31, 45, head_dim, head_dim}, dtype);
+  pb.params.forward.backend = Backend::kHopper;
+  DeviceBackward dev(pb);
+  try {
+    attention_backward(dev.params, nullptr);
+    ADD_FAILURE() << "the variant ran for " << dtype_name(dtype) << " head_dim " << head_dim;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_BWD_VARIANT"), std::string::npos)
+        << error.what();
+  }
+}
+
+// The benchmark-only variants at bf16 / head_dim 64 (SAMATTN_HOPPER_BWD_VARIANT: block_m64, the
+// 64-row steps; dq_per_warpgroup, a partial dQ per consumer warpgroup) meet the same rule as
+// the default kernel, atomic and deterministic; a variant that is not built for the call, or an
+// unknown value, is an error naming the variable, raised before any kernel writes a gradient.
+TEST(BackwardHopperRuns, VariantsMatchReference) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
   const Scenario list[] = {
       {"variant_dense", {2, 3, 3, 77, 129, 64, 64}},
       {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, 64, 64}, true, 2},
       {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, 64, 64}, true},
+      {"variant_long_causal", {1, 1, 1, 1000, 1000, 64, 64}, true, 1, false, 0.3},
   };
-  {
-    const ScopedHopperBackwardBlockM variant("64");
+  for (const char* variant : {"block_m64", "dq_per_warpgroup"}) {
+    const ScopedHopperBackwardVariant scoped(variant);
     for (const Scenario& sc : list) {
       for (bool deterministic : {false, true}) {
-        SCOPED_TRACE(sc.name + (deterministic ? "/deterministic" : "/atomic"));
+        SCOPED_TRACE(std::string(variant) + "/" + sc.name +
+                     (deterministic ? "/deterministic" : "/atomic"));
         BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
                            sc.seed(), sc.scale);
         pb.params.forward.backend = Backend::kHopper;
@@ -783,29 +801,11 @@ TEST(BackwardHopperRuns, BlockM64VariantMatchesReference) {
         expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
       }
     }
-    // fp16 has no 64-row variant at head_dim 64.
-    BackwardProblem f16({1, 2, 2, 31, 45, 64, 64}, DType::kFloat16);
-    f16.params.forward.backend = Backend::kHopper;
-    DeviceBackward dev(f16);
-    try {
-      attention_backward(dev.params, nullptr);
-      FAIL() << "SAMATTN_HOPPER_BWD_BLOCK_M=64 accepted for float16";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_BWD_BLOCK_M"), std::string::npos)
-          << error.what();
-    }
+    expect_variant_error(DType::kFloat16, 64);
+    expect_variant_error(DType::kBFloat16, 128);
   }
-  const ScopedHopperBackwardBlockM bogus("96");
-  BackwardProblem pb({1, 2, 2, 31, 45, 64, 64}, DType::kBFloat16);
-  pb.params.forward.backend = Backend::kHopper;
-  DeviceBackward dev(pb);
-  try {
-    attention_backward(dev.params, nullptr);
-    FAIL() << "SAMATTN_HOPPER_BWD_BLOCK_M=96 accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_BWD_BLOCK_M"), std::string::npos)
-        << error.what();
-  }
+  const ScopedHopperBackwardVariant bogus("fastest");
+  expect_variant_error(DType::kBFloat16, 64);
 }
 
 // kAuto picks the Hopper backward for its head dims on sm90 and the sm80 one for head dim 96;
