@@ -73,11 +73,14 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // once the step's dS is in shared memory: both warpgroups, or (kDqPerWarpgroup) each its own.
 inline constexpr uint32_t kDsReadyBarrier = 0;
 inline constexpr uint32_t kDsReadyBarrierOfWarpgroup0 = 1;
+// kDqPerWarpgroup: warpgroup 1 starts once warpgroup 0's first S^T and dP^T have landed.
+inline constexpr uint32_t kStaggerBarrier = 3;
 
 // kDqPerWarpgroup (a benchmark variant): each warpgroup computes a partial dQ of all the step's
 // rows over its own 64 keys and adds it into the accumulator, so the warpgroups never wait for
 // each other's dS (one may run its softmax while the other's GEMMs use the tensor cores), at
-// twice the dQ reduction traffic and a 64-register dQ accumulator.
+// twice the dQ reduction traffic and a 64-register dQ accumulator. Warpgroup 1 starts half a step
+// late (after warpgroup 0's first S^T / dP^T), so the two do not begin in lock step.
 template <typename Element_, int kHeadDim_, int kBlockM_ = backward_block_m(kHeadDim_),
           bool kDqPerWarpgroup_ = false>
 struct Traits {
@@ -380,6 +383,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   clear(tdVrdV);
   clear(tdKrdK);
   if (work.steps > 0) shared.barrier_kv.wait(0);
+  if constexpr (T::kDqPerWarpgroup) {
+    if (warpgroup == 1 && work.steps > 0) {
+      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kStaggerBarrier);
+    }
+  }
 
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
@@ -429,6 +437,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       tSrS(i) = fast_exp2(x);
     }
     warpgroup_wait<0>();  // dP^T has landed
+    if constexpr (T::kDqPerWarpgroup) {
+      if (warpgroup == 0 && step == 0) {
+        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, kStaggerBarrier);
+      }
+    }
     warpgroup_fence_operand(tSrdP);
     const float* delta = shared.delta[stage];
     CUTE_UNROLL
@@ -455,6 +468,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
       if constexpr (T::kDqPerWarpgroup) {
+        // Only this warpgroup's dS columns are read: its own threads meet.
         cutlass::arch::NamedBarrier::sync(128, kDsReadyBarrierOfWarpgroup0 + warpgroup);
         warpgroup_fence_operand(tdQrdQ);
         warpgroup_arrive();

@@ -108,7 +108,8 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
     if constexpr (kDType == DType::kBFloat16 && kHeadDim == 64) {
       if (variant == BackwardVariant::kBlockM64) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 64>>(p, stream);
-      } else if (variant == BackwardVariant::kDqPerWarpgroup) {
+      } else if (variant == BackwardVariant::kDqPerWarpgroup && p.dq_accum != nullptr) {
+        // (Deterministic calls have no dQ in this kernel: the default one computes their dK, dV.)
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 128, true>>(p, stream);
       } else {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
