@@ -74,7 +74,8 @@ def parse_variant(text):
     """NAME:VAR=VALUE[:D1,D2] -> (name, (var, value), head dims or None)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or "=" not in parts[1]:
-        raise argparse.ArgumentTypeError(f"--variant wants NAME:VAR=VALUE[:HEAD_DIMS], got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--variant wants NAME:VAR=VALUE[:HEAD_DIMS], got {text!r}")
     var, value = parts[1].split("=", 1)
     dims = [int(d) for d in parts[2].split(",")] if len(parts) == 3 else None
     return parts[0], (var, value), dims
