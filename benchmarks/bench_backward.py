@@ -16,6 +16,12 @@ exceeds 5e-2 for any gradient is reported as wrong, not timed.
 
   python benchmarks/bench_backward.py --json $OUT/backward.json           # the issue's sweep
   python benchmarks/bench_backward.py --seqlens 4096 --head-dims 128 --deterministic
+  python benchmarks/bench_backward.py --skip sm80 \
+      --variant m64:SAMATTN_HOPPER_BWD_VARIANT=block_m64:64   # a built variant as a column
+
+A variant (--variant NAME:VAR=VALUE[:HEAD_DIMS]) is the Hopper path timed with the environment
+variable VAR=VALUE set around its backward calls (the launcher reads it on every call), at the
+listed head dims only (comma-separated; all if left out).
 """
 
 from __future__ import annotations
@@ -64,6 +70,38 @@ def sdpa(backend, causal):
     return forward
 
 
+def parse_variant(text):
+    """NAME:VAR=VALUE[:D1,D2] -> (name, (var, value), head dims or None)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or "=" not in parts[1]:
+        raise argparse.ArgumentTypeError(
+            f"--variant wants NAME:VAR=VALUE[:HEAD_DIMS], got {text!r}")
+    var, value = parts[1].split("=", 1)
+    dims = [int(d) for d in parts[2].split(",")] if len(parts) == 3 else None
+    return parts[0], (var, value), dims
+
+
+class environment:
+    """Sets one environment variable for a with-block (None: leaves the environment alone)."""
+
+    def __init__(self, setting):
+        self.setting = setting
+
+    def __enter__(self):
+        if self.setting is not None:
+            var, value = self.setting
+            self.previous = os.environ.get(var)
+            os.environ[var] = value
+
+    def __exit__(self, *exc):
+        if self.setting is not None:
+            var = self.setting[0]
+            if self.previous is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = self.previous
+
+
 def samattn_backend(backend, causal):
     return lambda q, k, v: samattn.attention(q, k, v, causal=causal, backend=backend)
 
@@ -85,6 +123,10 @@ def main(argv=None):
                         help="also time the Hopper backward with deterministic dq")
     parser.add_argument("--budget-ms", type=float, default=300.0,
                         help="measured time per implementation and shape")
+    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
+                        help="NAME:VAR=VALUE[:HEAD_DIMS]: the Hopper path with VAR=VALUE set")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["sm80"],
+                        help="implementations not to time")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -95,9 +137,12 @@ def main(argv=None):
     gpu = torch.cuda.get_device_name()
     print(f"device: {gpu}, torch {torch.__version__}, {args.dtype}, H={args.heads}, "
           f"B*S={args.tokens}; TFLOPS (ms)")
-    names = ["hopper", "sm80", "fa2", "cudnn"] + (["hopper_det"] if args.deterministic else [])
+    names = [n for n in ["hopper", "sm80", "fa2", "cudnn"] if n not in args.skip]
+    names += ["hopper_det"] if args.deterministic else []
+    names += [name for name, _, _ in args.variant]
     print(f"{'D':>4} {'causal':>6} {'S':>6} {'B':>3} | " +
-          " | ".join(f"{n:>16}" for n in names) + " | hopper/FA2 hopper/cuDNN")
+          " | ".join(f"{n:>16}" for n in names) + " | hopper/FA2 hopper/cuDNN" +
+          "".join(f" {n + '/FA2':>12}" for n, _, _ in args.variant))
     rows = []
     generator = torch.Generator(device="cuda").manual_seed(0)
     for head_dim in args.head_dims:
@@ -110,34 +155,42 @@ def main(argv=None):
                 flops = backward_flops(batch, args.heads, seqlen, head_dim, causal)
                 row = dict(head_dim=head_dim, causal=causal, seqlen=seqlen, batch=batch,
                            heads=args.heads, dtype=args.dtype, flops=flops)
-                impls = {"hopper": (samattn_backend("hopper", causal), False),
-                         "sm80": (samattn_backend("tensor_core", causal), False),
-                         "fa2": (sdpa(SDPBackend.FLASH_ATTENTION, causal), False),
-                         "cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION, causal), False)}
+                # name -> (forward, deterministic, environment setting)
+                impls = {"hopper": (samattn_backend("hopper", causal), False, None),
+                         "sm80": (samattn_backend("tensor_core", causal), False, None),
+                         "fa2": (sdpa(SDPBackend.FLASH_ATTENTION, causal), False, None),
+                         "cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION, causal), False, None)}
                 if args.deterministic:
-                    impls["hopper_det"] = (samattn_backend("hopper", causal), True)
+                    impls["hopper_det"] = (samattn_backend("hopper", causal), True, None)
+                for name, setting, dims in args.variant:
+                    if dims is None or head_dim in dims:
+                        impls[name] = (samattn_backend("hopper", causal), False, setting)
+                    else:
+                        row[name + "_ms"] = row[name + "_tflops"] = float("nan")
+                impls = {n: impl for n, impl in impls.items() if n not in args.skip}
                 reference = None
                 for name in ["fa2"] + [n for n in impls if n != "fa2"]:
-                    forward, deterministic = impls[name]
+                    forward, deterministic, setting = impls[name]
                     call = None
                     try:
-                        call = gradients(forward, q, k, v, dout, deterministic)
-                        grads = call()
-                        torch.cuda.synchronize()
-                        if reference is None:
-                            reference = grads
-                        else:
-                            diff = max_rel_diff(grads, reference)
-                            row[name + "_max_rel_diff_vs_fa2"] = diff
-                            if not diff <= WRONG_ABOVE:  # NaN lands here too
-                                raise RuntimeError(f"wrong gradients: max rel diff vs FA2 "
-                                                   f"{diff:.3e}")
-                        del grads
-                        t = measure([call], min_reps=10, max_reps=50, budget_ms=args.budget_ms)
-                        row[name + "_ms"] = t.median_ms
-                        row[name + "_min_ms"] = t.min_ms
-                        row[name + "_max_ms"] = t.max_ms
-                        row[name + "_tflops"] = flops / t.median_ms / 1e9
+                        with environment(setting):
+                            call = gradients(forward, q, k, v, dout, deterministic)
+                            grads = call()
+                            torch.cuda.synchronize()
+                            if reference is None:
+                                reference = grads
+                            else:
+                                diff = max_rel_diff(grads, reference)
+                                row[name + "_max_rel_diff_vs_fa2"] = diff
+                                if not diff <= WRONG_ABOVE:  # NaN lands here too
+                                    raise RuntimeError(f"wrong gradients: max rel diff vs FA2 "
+                                                       f"{diff:.3e}")
+                            del grads
+                            t = measure([call], min_reps=10, max_reps=50, budget_ms=args.budget_ms)
+                            row[name + "_ms"] = t.median_ms
+                            row[name + "_min_ms"] = t.min_ms
+                            row[name + "_max_ms"] = t.max_ms
+                            row[name + "_tflops"] = flops / t.median_ms / 1e9
                     except (RuntimeError, ValueError) as error:  # unavailable here, or wrong
                         row[name + "_ms"] = float("nan")
                         row[name + "_tflops"] = float("nan")
@@ -148,16 +201,21 @@ def main(argv=None):
                 auto = samattn.selected_backend(q, k, v, causal=causal, backward=True)
                 row["ours_backend"] = auto
                 mine = {"hopper": "hopper", "tensor_core": "sm80"}.get(auto)
-                row["ours_ms"] = row[mine + "_ms"] if mine else float("nan")
-                row["ours_tflops"] = row[mine + "_tflops"] if mine else float("nan")
+                row["ours_ms"] = row.get(mine + "_ms", float("nan")) if mine else float("nan")
+                row["ours_tflops"] = (row.get(mine + "_tflops", float("nan")) if mine
+                                      else float("nan"))
                 cells = " | ".join(f"{row[n + '_tflops']:>7.1f} ({row[n + '_ms']:>6.2f})"
                                    for n in names)
                 ratio_fa2 = row["fa2_ms"] / row["hopper_ms"]
                 ratio_cudnn = row["cudnn_ms"] / row["hopper_ms"]
                 row["hopper_over_fa2"] = ratio_fa2
                 row["hopper_over_cudnn"] = ratio_cudnn
+                variant_ratios = ""
+                for name, _, _ in args.variant:
+                    row[name + "_over_fa2"] = row["fa2_ms"] / row[name + "_ms"]
+                    variant_ratios += f" {row[name + '_over_fa2']:>12.2f}"
                 print(f"{head_dim:>4} {str(causal):>6} {seqlen:>6} {batch:>3} | {cells} | "
-                      f"{ratio_fa2:>10.2f} {ratio_cudnn:>11.2f}", flush=True)
+                      f"{ratio_fa2:>10.2f} {ratio_cudnn:>11.2f}{variant_ratios}", flush=True)
                 rows.append(row)
                 del q, k, v, dout, reference
     for row in rows:

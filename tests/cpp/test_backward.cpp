@@ -2,6 +2,7 @@
 // validation of every field, and (with a GPU) the SIMT backward against the reference for every
 // dtype and option, with poisoned outputs and every element checked.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -749,6 +750,62 @@ TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
       expect_bit_identical_reruns(pb);
     }
   }
+}
+
+// Sets SAMATTN_HOPPER_BWD_VARIANT for one scope (the dispatcher reads it on every call).
+class ScopedHopperBackwardVariant {
+ public:
+  explicit ScopedHopperBackwardVariant(const char* value) {
+    setenv("SAMATTN_HOPPER_BWD_VARIANT", value, 1);
+  }
+  ~ScopedHopperBackwardVariant() { unsetenv("SAMATTN_HOPPER_BWD_VARIANT"); }
+};
+
+// Expects the Hopper backward of a small `dtype` / head_dim 64 call to throw an error that names
+// SAMATTN_HOPPER_BWD_VARIANT (set by the caller).
+void expect_variant_error(DType dtype, int64_t head_dim) {
+  BackwardProblem pb({1, 2, 2, 31, 45, head_dim, head_dim}, dtype);
+  pb.params.forward.backend = Backend::kHopper;
+  DeviceBackward dev(pb);
+  try {
+    attention_backward(dev.params, nullptr);
+    ADD_FAILURE() << "the variant ran for " << dtype_name(dtype) << " head_dim " << head_dim;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_BWD_VARIANT"), std::string::npos)
+        << error.what();
+  }
+}
+
+// The benchmark-only variants at bf16 / head_dim 64 (SAMATTN_HOPPER_BWD_VARIANT: block_m64, the
+// 64-row steps; dq_per_warpgroup, a partial dQ per consumer warpgroup) meet the same rule as
+// the default kernel, atomic and deterministic; a variant that is not built for the call, or an
+// unknown value, is an error naming the variable, raised before any kernel writes a gradient.
+TEST(BackwardHopperRuns, VariantsMatchReference) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  const Scenario list[] = {
+      {"variant_dense", {2, 3, 3, 77, 129, 64, 64}},
+      {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, 64, 64}, true, 2},
+      {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, 64, 64}, true},
+      {"variant_long_causal", {1, 1, 1, 1000, 1000, 64, 64}, true, 1, false, 0.3},
+  };
+  for (const char* variant : {"block_m64", "dq_per_warpgroup"}) {
+    const ScopedHopperBackwardVariant scoped(variant);
+    for (const Scenario& sc : list) {
+      for (bool deterministic : {false, true}) {
+        SCOPED_TRACE(std::string(variant) + "/" + sc.name +
+                     (deterministic ? "/deterministic" : "/atomic"));
+        BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
+                           sc.seed(), sc.scale);
+        pb.params.forward.backend = Backend::kHopper;
+        pb.params.deterministic = deterministic;
+        expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
+      }
+    }
+    expect_variant_error(DType::kFloat16, 64);
+    expect_variant_error(DType::kBFloat16, 128);
+  }
+  const ScopedHopperBackwardVariant bogus("fastest");
+  expect_variant_error(DType::kBFloat16, 64);
 }
 
 // kAuto picks the Hopper backward for its head dims on sm90 and the sm80 one for head dim 96;

@@ -3,8 +3,8 @@
 //  - every accumulator element pair (2i, 2i + 1) of S^T, dQ and dK/dV is two adjacent columns of
 //    one row (the kernel packs them into one 32-bit store / one 8-byte reduction);
 //  - element i of an S^T fragment is in the row of element 0 or 2 as (i / 2) % 2 says (the mask);
-//  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV and dQ's columns
-//    [w D / 2, (w + 1) D / 2);
+//  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV, and of dQ the rows
+//    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps);
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
 //    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
 //  - the fragments cover every tile element exactly once.
@@ -23,12 +23,14 @@
 using namespace cute;
 using namespace samattn::hopper::bwd;
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kBlockM, bool kDqPerWarpgroup = false>
 int check() {
-  using T = Traits<Element, kHeadDim>;
+  using T = Traits<Element, kHeadDim, kBlockM, kDqPerWarpgroup>;
   int bad = 0;
   const auto report = [&](const char* what, int tid, int i) {
-    if (bad++ < 10) printf("D=%d: %s (thread %d, element %d)\n", kHeadDim, what, tid, i);
+    if (bad++ < 10) {
+      printf("D=%d M=%d: %s (thread %d, element %d)\n", kHeadDim, kBlockM, what, tid, i);
+    }
   };
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmaDKV mma_dkv;
@@ -64,12 +66,16 @@ int check() {
         if (buffer == 0) ds_seen.insert(at);
       }
     }
-    Tensor cq = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(dq_tile));
+    Tensor cq =
+        mma_dq.get_thread_slice(tid % T::kDqThreads).partition_C(make_identity_tensor(dq_tile));
     for (int i = 0; i < size(cq); ++i) {
       const int row = get<0>(cq(i)), col = get<1>(cq(i));
       dq_seen.insert(row * kHeadDim + col);
-      if (col / (kHeadDim / 2) != warpgroup)
-        report("dQ column outside the warpgroup's half", tid, i);
+      // (kDqPerWarpgroup: each warpgroup holds a partial dQ of the whole tile.)
+      const int owner = kDqPerWarpgroup          ? warpgroup
+                        : T::kDqWarpgroupsM == 2 ? row / 64
+                                                 : col / (kHeadDim / 2);
+      if (owner != warpgroup) report("dQ element outside the warpgroup's half", tid, i);
       if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
         report("dQ pair not adjacent", tid, i);
       }
@@ -88,15 +94,21 @@ int check() {
   if (int(ds_seen.size()) != T::kBlockN * T::kBlockM) report("dS store coverage", -1, -1);
   if (int(dq_seen.size()) != T::kBlockM * kHeadDim) report("dQ coverage", -1, -1);
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
-  printf("%s D=%d: %d problems, shared memory %d bytes\n",
-         sizeof(Element) == 2 && cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16",
-         kHeadDim, bad, T::kSmemBytes);
+  printf("%s D=%d M=%d%s: %d problems, shared memory %d bytes\n",
+         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM,
+         kDqPerWarpgroup ? " dQ per warpgroup" : "", bad, T::kSmemBytes);
   return bad;
 }
 
 int main() {
-  const int bad = check<cutlass::bfloat16_t, 64>() + check<cutlass::bfloat16_t, 128>() +
-                  check<cutlass::half_t, 64>() + check<cutlass::half_t, 128>();
+  // The shipped configurations (backward_block_m) and the benchmark-only variants at D = 64.
+  using samattn::hopper::backward_block_m;
+  const int bad = check<cutlass::bfloat16_t, 64, backward_block_m(64)>() +
+                  check<cutlass::bfloat16_t, 128, backward_block_m(128)>() +
+                  check<cutlass::half_t, 64, backward_block_m(64)>() +
+                  check<cutlass::half_t, 128, backward_block_m(128)>() +
+                  check<cutlass::bfloat16_t, 64, 64>() +
+                  check<cutlass::bfloat16_t, 64, 128, true>();
   printf("%s\n", bad == 0 ? "OK" : "FAIL");
   return bad == 0 ? 0 : 1;
 }

@@ -1,9 +1,11 @@
 """Tile-level emulation of csrc/attention/hopper/backward_kernel.cuh's loops against a direct
 float64 formula: blocks of 128 keys (two consumer warpgroups of 64 keys, each with its own
-needs_mask test), steps over the GQA group's 64-row query blocks from m_first, TMA zero-fill of
-rows past seqlen_q / keys past kept_keys, lse = +inf and D = 0 for padding rows (the statistics
-warp), dQ = dS K in two column halves added into an fp32-style accumulator, dK / dV stored at
-physical rows n * kv_stride with zeros in between. No GPU needed:
+needs_mask test), steps over the GQA group's query blocks (64 or 128 rows) from m_first, TMA
+zero-fill of rows past seqlen_q / keys past kept_keys, lse = +inf and D = 0 for padding rows (the
+statistics warp), dQ = dS K split over the warpgroups (column halves at 64 rows, row halves at
+128, or a partial dQ per warpgroup over its own keys: the dq_per_warpgroup variant) added into an
+fp32-style accumulator, dK / dV stored at physical rows n * kv_stride with zeros in between. No
+GPU needed:
   python3 tests/emulation/hopper_backward_tiles.py   -> per-case max errors ~1e-15, exit 0
 The probabilities are not rounded here (float64 throughout): this checks indices, masks and
 padding, not the dtype error (the C++ tests' rounding model does that).
@@ -13,7 +15,9 @@ import sys
 
 import numpy as np
 
-BM, BN, WG_KEYS = 64, 128, 64
+BN, WG_KEYS = 128, 64
+# (query rows per step, dQ split): the kernels built (backward_config.h, backward_kernel.cuh).
+CONFIGS = [(64, "columns"), (128, "rows"), (128, "per_warpgroup")]
 
 
 def reference(q, k, v, do, scale, causal, s):
@@ -42,7 +46,7 @@ def reference(q, k, v, do, scale, causal, s):
     return out, lse, dq, dk, dv
 
 
-def hopper_kernel(q, k, v, do, out, lse, scale, causal, s):
+def hopper_kernel(q, k, v, do, out, lse, scale, causal, s, BM, dq_split):
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -93,10 +97,18 @@ def hopper_kernel(q, k, v, do, out, lse, scale, causal, s):
             dV += Pt @ dO
             dK += dSt @ Q
             dS = dSt.T  # through shared memory
-            for half in range(2):  # each consumer warpgroup: half of dQ's columns
-                cols = slice(half * D // 2, (half + 1) * D // 2)
-                part = dS @ K[:, cols]
-                dq_accum[b, h, m_begin:m_begin + rows, cols] += part[:rows]  # rows < seqlen_q only
+            for w in range(2):  # each consumer warpgroup's share of dQ
+                part = np.zeros((BM, D))
+                if dq_split == "columns":
+                    cols = slice(w * D // 2, (w + 1) * D // 2)
+                    part[:, cols] = dS @ K[:, cols]
+                elif dq_split == "rows":
+                    half = slice(w * BM // 2, (w + 1) * BM // 2)
+                    part[half] = dS[half] @ K
+                else:  # per_warpgroup: all rows, contracted over the warpgroup's own keys
+                    own = slice(w * WG_KEYS, (w + 1) * WG_KEYS)
+                    part = dS[:, own] @ K[own]
+                dq_accum[b, h, m_begin:m_begin + rows] += part[:rows]  # rows < seqlen_q only
         for r in range(keys):  # the epilogue: keys < kept_keys, physical row n * kv_stride
             dk[b, h_kv, (n_begin + r) * s] = dK[r] * scale
             dv[b, h_kv, (n_begin + r) * s] = dV[r]
@@ -121,17 +133,19 @@ def main():
              (1, 1, 1, 300, 300, 32, True, 2), (1, 2, 1, 1000, 129, 16, False, 1),
              (1, 2, 2, 129, 1000, 16, True, 1), (2, 2, 2, 1, 1, 16, True, 1),
              (1, 8, 1, 77, 700, 16, False, 3), (1, 1, 1, 260, 260, 16, True, 1)]
-    for (B, Hq, Hkv, Sq, Sk, D, causal, s) in cases:
+    for (B, Hq, Hkv, Sq, Sk, D, causal, s), (BM, dq_split) in (
+            (case, config) for config in CONFIGS for case in cases):
         q = rng.standard_normal((B, Hq, Sq, D))
         k = rng.standard_normal((B, Hkv, Sk, D))
         v = rng.standard_normal((B, Hkv, Sk, D))
         do = rng.standard_normal((B, Hq, Sq, D))
         scale = 1 / math.sqrt(D)
         out, lse, dq, dk, dv = reference(q, k, v, do, scale, causal, s)
-        got = hopper_kernel(q, k, v, do, out, lse, scale, causal, s)
+        got = hopper_kernel(q, k, v, do, out, lse, scale, causal, s, BM, dq_split)
         errs = [np.abs(x - y).max() if x.size else 0.0 for x, y in zip(got, (dq, dk, dv))]
         nans = [int(np.isnan(x).sum()) for x in got]
-        print((B, Hq, Hkv, Sq, Sk, D, causal, s), ["%.1e" % e for e in errs], "nan", nans)
+        print(BM, dq_split, (B, Hq, Hkv, Sq, Sk, D, causal, s), ["%.1e" % e for e in errs],
+              "nan", nans)
         worst = max(worst, *errs, *(float("inf") for n in nans if n))
     print("worst", worst)
     return 0 if worst < 1e-10 else 1

@@ -2,6 +2,7 @@
 // Compiled into the main library for every build; the launchers exist only with
 // SAMATTN_HAVE_SM90.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "attention/alignment.h"
@@ -104,16 +105,31 @@ Status backward_supports(const AttentionBackwardParams& bp) {
 #endif
 }
 
+BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim) {
+  const char* value = std::getenv("SAMATTN_HOPPER_BWD_VARIANT");
+  const std::string text = value == nullptr ? "" : value;
+  if (text.empty() || text == "default") return BackwardVariant::kDefault;
+  SAMATTN_CHECK(text == "block_m64" || text == "dq_per_warpgroup",
+                "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, block_m64 or "
+                "dq_per_warpgroup; got '",
+                text, "'");
+  SAMATTN_CHECK(dtype == DType::kBFloat16 && head_dim == 64, "SAMATTN_HOPPER_BWD_VARIANT=", text,
+                " is built for bfloat16 with head_dim 64 only; got ", dtype_name(dtype),
+                " head_dim ", head_dim);
+  return text == "block_m64" ? BackwardVariant::kBlockM64 : BackwardVariant::kDqPerWarpgroup;
+}
+
 #ifdef SAMATTN_HAVE_SM90
 namespace {
 
 template <DType kDType>
 void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t stream) {
+  const BackwardVariant variant = backward_variant_from_environment(kDType, params.fwd.head_dim);
   switch (params.fwd.head_dim) {
     case 64:
-      return launch_backward<kDType, 64>(params, stream);
+      return launch_backward<kDType, 64>(params, variant, stream);
     case 128:
-      return launch_backward<kDType, 128>(params, stream);
+      return launch_backward<kDType, 128>(params, variant, stream);
   }
   SAMATTN_CHECK(false, "backend hopper does not support the backward with head_dim ",
                 params.fwd.head_dim, " (supported: ", detail::comma_list(kBackwardHeadDims), ")");

@@ -12,14 +12,17 @@
 //    landed and the 32 statistics threads have arrived; `empty` when all 256 consumer threads
 //    are done with the stage.
 //  - warpgroups 1 and 2, the consumers, own 64 keys each (the wgmma M). A step is one block of
-//    kBlockM = 64 query rows of one query head of the group (causal: only blocks that see a key
-//    of the block). With keys as the M dimension nothing is transposed in registers:
+//    kBlockM (backward_block_m: 128 at head_dim 64, 64 at 128) query rows of one query head of the
+//    group (causal: only blocks that see a key of the block). With keys as the M dimension nothing
+//    is transposed in registers:
 //      S^T = K Q^T and dP^T = V dO^T            (wgmma, both operands from shared memory)
 //      P^T = exp2(S^T scale log2 e - lse log2 e), masked; dS^T = P^T (dP^T - D)
 //      P^T, dS^T rounded to 16 bits; dS^T -> shared memory
 //      dV += P^T dO                             (wgmma, A = P^T from registers)
-//      both warpgroups meet at a named barrier; each computes half of dQ's columns,
-//      dQ = dS K (contraction over the block's 128 keys, both operands from shared memory)
+//      both warpgroups meet at a named barrier, then compute one half of dQ each
+//      dQ = dS K                                (wgmma over the block's 128 keys, both operands
+//                                                from shared memory; a warpgroup's half is 64
+//                                                query rows at kBlockM = 128, else D / 2 columns)
 //      dK += dS^T Q                             (wgmma, A = dS^T from registers)
 //      dQ added into the fp32 accumulator with 8-byte vector reductions while dK runs.
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
@@ -37,6 +40,9 @@
 //    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
 //    only after passing the next step's barrier, which the other warpgroup reaches only after
 //    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
+//    kDqPerWarpgroup: a warpgroup's dQ wgmma reads only the dS columns of its own keys, which
+//    only its own threads write; they meet at the warpgroup's own named barrier, and the next
+//    write of the buffer follows the warpgroup's wait_group 0 of this step.
 //  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
 //    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
 //    shared memory before any wgmma takes it, and every register fragment of a step is declared
@@ -63,29 +69,56 @@ using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Named barrier (CUTLASS numbers user barriers after its reserved ones) where the consumers meet
-// once the step's dS is in shared memory.
+// Named barriers (CUTLASS numbers user barriers after its reserved ones) where the consumers meet
+// once the step's dS is in shared memory: both warpgroups, or (kDqPerWarpgroup) each its own.
 inline constexpr uint32_t kDsReadyBarrier = 0;
+inline constexpr uint32_t kDsReadyBarrierOfWarpgroup0 = 1;
+// kDqPerWarpgroup: warpgroup 1 starts once warpgroup 0's first S^T and dP^T have landed.
+inline constexpr uint32_t kStaggerBarrier = 3;
 
-template <typename Element, int kHeadDim>
+// kDqPerWarpgroup (a benchmark variant): each warpgroup computes a partial dQ of all the step's
+// rows over its own 64 keys and adds it into the accumulator, so the warpgroups never wait for
+// each other's dS (one may run its softmax while the other's GEMMs use the tensor cores), at
+// twice the dQ reduction traffic and a 64-register dQ accumulator. Warpgroup 1 starts half a step
+// late (after warpgroup 0's first S^T / dP^T), so the two do not begin in lock step.
+template <typename Element_, int kHeadDim_, int kBlockM_ = backward_block_m(kHeadDim_),
+          bool kDqPerWarpgroup_ = false>
 struct Traits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
-  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr bool kDqPerWarpgroup = kDqPerWarpgroup_;
+  // Keys dQ = dS K contracts over in one warpgroup, and the threads of its tiled MMA.
+  static constexpr int kDqKeys = kDqPerWarpgroup ? 64 : Cfg::kBlockN;
+  static constexpr int kDqThreads = kDqPerWarpgroup ? 128 : 128 * Cfg::kConsumerWarpgroups;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
   using HeadDim = cute::Int<kHeadDim>;
-  using HalfHeadDim = cute::Int<kHeadDim / 2>;
   using Stages = cute::Int<kStages>;
   using DsBuffers = cute::Int<Cfg::kDsBuffers>;
   static_assert(kBlockN == 64 * Cfg::kConsumerWarpgroups, "a consumer warpgroup owns 64 keys");
-  static_assert(kHeadDim % 32 == 0, "dQ's column halves are whole 16-column wgmma tiles");
+  static_assert(kBlockM == 64 || kBlockM == 128, "dQ is split by rows (128) or columns (64)");
+  // dQ's split over the two consumer warpgroups: by 64-row halves when there are 128 query rows,
+  // else by column halves.
+  static constexpr int kDqWarpgroupsM = kBlockM / 64;
+  static constexpr int kDqWarpgroupsN = Cfg::kConsumerWarpgroups / kDqWarpgroupsM;
+  static_assert(kHeadDim % (16 * kDqWarpgroupsN) == 0, "dQ's column split is whole wgmma tiles");
+  using DqWarpgroupN = cute::Int<kHeadDim / kDqWarpgroupsN>;
 
-  // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products, and
-  // split N (dQ's head-dim columns) for dQ = dS K.
+  // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products; dQ = dS K
+  // splits as kDqWarpgroupsM x kDqWarpgroupsN.
   using AlongM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
-  using AlongN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  using DqSplit =
+      cute::Layout<cute::Shape<cute::Int<kDqWarpgroupsM>, cute::Int<kDqWarpgroupsN>, cute::_1>>;
+  using DqAtomShape =
+      cute::conditional_t<kDqPerWarpgroup, cute::Shape<cute::_64, HeadDim, cute::_64>,
+                          cute::Shape<cute::_64, DqWarpgroupN, BlockN>>;
+  using DqLayout =
+      cute::conditional_t<kDqPerWarpgroup, cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>,
+                          DqSplit>;
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
@@ -97,12 +130,13 @@ struct Traits {
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlockM>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AlongM{}));
-  // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
+  // dQ = dS K: (query, dim), contraction over the block's keys (kDqPerWarpgroup: over the
+  // warpgroup's own 64, one warpgroup covering the whole tile). A = dS stored query-contiguous,
   // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory.
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlockM, HalfHeadDim, BlockN>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
-      AlongN{}));
+      cute::GMMA::ss_op_selector<Element, Element, float, DqAtomShape, cute::GMMA::Major::MN,
+                                 cute::GMMA::Major::MN>(),
+      DqLayout{}));
 
   // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
   using SmemAtomKV =
@@ -146,7 +180,7 @@ struct Traits {
     cutlass::arch::ClusterBarrier empty[kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= backward_smem_bytes(kHeadDim, sizeof(Element)),
+  static_assert(kSmemBytes <= backward_smem_bytes(kHeadDim, sizeof(Element), kBlockM),
                 "backward_config.h must bound the kernel's shared memory");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
@@ -162,9 +196,8 @@ struct Traits {
   using TmaKV = Tma<SmemLayoutKV, cute::Shape<BlockN, HeadDim>>;
 };
 
-template <typename Element, int kHeadDim>
+template <typename T>
 struct KernelParams {
-  using T = Traits<Element, kHeadDim>;
   detail::BackwardKernelParams p;
   GmemShape shape_q;  // q and dout
   GmemShape shape_k;  // k and v
@@ -174,7 +207,8 @@ struct KernelParams {
   typename T::TmaKV tma_v;
 };
 
-// The block's work: its keys and the steps (query head, query block) that see them.
+// The block's work: its keys and the steps (query head, query block of kBlockM rows) that see them.
+template <int kBlockM>
 struct BlockWork {
   int64_t b, h_kv, n_begin;
   int64_t m_first;   // first query block of each head (causal: the first that sees key n_begin)
@@ -183,7 +217,6 @@ struct BlockWork {
 
   __device__ __forceinline__ BlockWork(const detail::BackwardKernelParams& p) {
     const detail::ForwardKernelParams& f = p.fwd;
-    constexpr int kBlockM = BackwardConfig::kBlockM;
     constexpr int kBlockN = BackwardConfig::kBlockN;
     // Blocks of one (batch, kv head) are adjacent and start with key block 0, which under causal
     // masking sees the most queries, so the longest blocks start first.
@@ -208,12 +241,11 @@ struct BlockWork {
 };
 
 // The TMA thread: K and V once, then Q and dO of every step.
-template <typename Element, int kHeadDim>
-__device__ __forceinline__ void load_tiles(
-    const KernelParams<Element, kHeadDim>& params,
-    typename Traits<Element, kHeadDim>::SharedStorage& shared, const BlockWork& work) {
+template <typename T>
+__device__ __forceinline__ void load_tiles(const KernelParams<T>& params,
+                                           typename T::SharedStorage& shared,
+                                           const BlockWork<T::kBlockM>& work) {
   using namespace cute;
-  using T = Traits<Element, kHeadDim>;
   using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
   if (work.steps == 0) return;  // no query sees these keys: nothing to load (dK = dV = 0)
   Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);
@@ -261,11 +293,10 @@ __device__ __forceinline__ void load_tiles(
 // The statistics warp: lse * log2(e) and D of every step's rows into the stage's arrays. Rows
 // past seqlen_q get lse = +inf and D = 0, so their P (and dS) is exactly 0: TMA zero-fills their
 // Q and dO rows, S = 0 and exp2(0 - inf) = 0.
-template <typename Element, int kHeadDim>
-__device__ __forceinline__ void load_row_statistics(
-    const detail::BackwardKernelParams& p,
-    typename Traits<Element, kHeadDim>::SharedStorage& shared, const BlockWork& work, int lane) {
-  using T = Traits<Element, kHeadDim>;
+template <typename T>
+__device__ __forceinline__ void load_row_statistics(const detail::BackwardKernelParams& p,
+                                                    typename T::SharedStorage& shared,
+                                                    const BlockWork<T::kBlockM>& work, int lane) {
   const detail::ForwardKernelParams& f = p.fwd;
   const float* lse_all = static_cast<const float*>(f.lse);
   const float* delta_all = static_cast<const float*>(p.delta);
@@ -287,12 +318,13 @@ __device__ __forceinline__ void load_row_statistics(
   }
 }
 
-template <typename Element, int kHeadDim>
-__device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& params,
-                                        typename Traits<Element, kHeadDim>::SharedStorage& shared,
-                                        const BlockWork& work) {
+template <typename T>
+__device__ __forceinline__ void consume(const KernelParams<T>& params,
+                                        typename T::SharedStorage& shared,
+                                        const BlockWork<T::kBlockM>& work) {
   using namespace cute;
-  using T = Traits<Element, kHeadDim>;
+  using Element = typename T::Element;
+  constexpr int kHeadDim = T::kHeadDim;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
   const detail::BackwardKernelParams& p = params.p;
@@ -305,7 +337,7 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
   typename T::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid % T::kDqThreads);
 
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
@@ -323,9 +355,11 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
   Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);    // (MMA, 1, D/16, stage)
   Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, kBlockM/16, stage)
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, kBlockN/16, buffer)
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M, kBlockN/16, buffer)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
-  Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
+  // The first 16-key k-block of dQ's contraction in this warpgroup.
+  const int dq_first_kblock = T::kDqPerWarpgroup ? warpgroup * (T::kDqKeys / 16) : 0;
+  Tensor tSsdS = thr_sdp.partition_C(sdSt);  // (MMA, 1, 1, buffer): where dS^T goes
 
   const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
   const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
@@ -349,6 +383,11 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
   clear(tdVrdV);
   clear(tdKrdK);
   if (work.steps > 0) shared.barrier_kv.wait(0);
+  if constexpr (T::kDqPerWarpgroup) {
+    if (warpgroup == 1 && work.steps > 0) {
+      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kStaggerBarrier);
+    }
+  }
 
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
@@ -398,6 +437,11 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
       tSrS(i) = fast_exp2(x);
     }
     warpgroup_wait<0>();  // dP^T has landed
+    if constexpr (T::kDqPerWarpgroup) {
+      if (warpgroup == 0 && step == 0) {
+        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, kStaggerBarrier);
+      }
+    }
     warpgroup_fence_operand(tSrdP);
     const float* delta = shared.delta[stage];
     CUTE_UNROLL
@@ -423,9 +467,24 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
-      issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
-                                                              tdQrKt, tdQrdQ);
+      if constexpr (T::kDqPerWarpgroup) {
+        // Only this warpgroup's dS columns are read: its own threads meet.
+        cutlass::arch::NamedBarrier::sync(128, kDsReadyBarrierOfWarpgroup0 + warpgroup);
+        warpgroup_fence_operand(tdQrdQ);
+        warpgroup_arrive();
+        mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int kb = 0; kb < T::kDqKeys / 16; ++kb) {
+          gemm(mma_dq, tdQrdS(_, _, dq_first_kblock + kb, buffer),
+               tdQrKt(_, _, dq_first_kblock + kb), tdQrdQ);
+          mma_dq.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+      } else {
+        cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
+        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+                                                                tdQrKt, tdQrdQ);
+      }
     }
     issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage),
                                                             tdKrdK);
@@ -496,14 +555,13 @@ __device__ __forceinline__ void consume(const KernelParams<Element, kHeadDim>& p
 
 // __launch_bounds__(threads, 1) caps registers at entry so setmaxnreg can move them from the
 // producer warpgroup to the consumers.
-template <typename Element, int kHeadDim>
+template <typename T>
 __global__ void __launch_bounds__(BackwardConfig::kThreads, 1)
-    backward_kernel(const __grid_constant__ KernelParams<Element, kHeadDim> params) {
+    backward_kernel(const __grid_constant__ KernelParams<T> params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = Traits<Element, kHeadDim>;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   auto& shared = *reinterpret_cast<typename T::SharedStorage*>(shared_bytes);
-  const BlockWork work(params.p);
+  const BlockWork<T::kBlockM> work(params.p);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
@@ -524,13 +582,13 @@ __global__ void __launch_bounds__(BackwardConfig::kThreads, 1)
   if (warp < 4) {
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (warp == 0 && lane == 0) {
-      load_tiles<Element, kHeadDim>(params, shared, work);
+      load_tiles<T>(params, shared, work);
     } else if (warp == 1) {
-      load_row_statistics<Element, kHeadDim>(params.p, shared, work, lane);
+      load_row_statistics<T>(params.p, shared, work, lane);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<240>();
-    consume<Element, kHeadDim>(params, shared, work);
+    consume<T>(params, shared, work);
   }
 #else
   __trap();  // compiled for sm_90a only; the host never launches it elsewhere

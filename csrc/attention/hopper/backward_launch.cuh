@@ -45,57 +45,80 @@ auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, 
   return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)), make_layout(shape, stride));
 }
 
+// Launches the dK/dV(/dQ) kernel of traits T (K / V / Q / dO descriptors, grid, shared memory).
+template <typename T>
+void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename T::Element;
+  constexpr int kHeadDim = T::kHeadDim;
+  const detail::ForwardKernelParams& f = p.fwd;
+  const int64_t n_blocks = (f.kept_keys + T::kBlockN - 1) / T::kBlockN;
+  const int64_t blocks = n_blocks * f.batch * p.heads_kv;
+  SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
+                T::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
+                std::numeric_limits<int>::max(), " blocks");
+  auto k = gmem_tensor<Element>(f.k, f.kept_keys, kHeadDim, p.heads_kv, f.batch, f.k_row_stride,
+                                f.k_head_stride, f.k_batch_stride);
+  auto v = gmem_tensor<Element>(f.v, f.kept_keys, kHeadDim, p.heads_kv, f.batch, f.v_row_stride,
+                                f.v_head_stride, f.v_batch_stride);
+  // With no query rows the kernel loads no Q / dO tile, and q / dout may be empty allocations
+  // (null, or zero strides): their descriptors then describe k instead, valid and never read.
+  const bool no_queries = f.seqlen_q == 0;
+  auto q = no_queries ? k
+                      : gmem_tensor<Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
+                                             f.q_row_stride, f.q_head_stride, f.q_batch_stride);
+  auto dout = no_queries
+                  ? k
+                  : gmem_tensor<Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
+                                         p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  const auto q_smem = take<0, 2>(typename T::SmemLayoutQ{});
+  const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
+  const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
+  KernelParams<T> params{
+      p,
+      q.shape(),
+      k.shape(),
+      make_tma_copy(SM90_TMA_LOAD{}, q, q_smem, q_tile, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, dout, q_smem, q_tile, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, typename T::SmemLayoutKV{}, kv_tile, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, typename T::SmemLayoutKV{}, kv_tile, _1{}),
+  };
+  const auto kernel = backward_kernel<T>;
+  // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
+  detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes);
+  kernel<<<static_cast<unsigned>(blocks), BackwardConfig::kThreads, T::kSmemBytes, stream>>>(
+      params);
+  SAMATTN_CHECK_LAUNCH();
+}
+
 }  // namespace bwd
 
 template <DType kDType, int kHeadDim>
-void launch_backward(const detail::BackwardKernelParams& p, cudaStream_t stream) {
-  using namespace cute;
+void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant variant,
+                     cudaStream_t stream) {
   using Element = typename bwd::CuteElement<kDType>::type;
-  using T = bwd::Traits<Element, kHeadDim>;
   const detail::ForwardKernelParams& f = p.fwd;
   const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
   if (p.dq_accum != nullptr && dq_elements > 0) {
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
   }
   if (f.kept_keys > 0) {
-    const int64_t n_blocks = (f.kept_keys + T::kBlockN - 1) / T::kBlockN;
-    const int64_t blocks = n_blocks * f.batch * p.heads_kv;
-    SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
-                  T::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
-                  std::numeric_limits<int>::max(), " blocks");
-    auto k = bwd::gmem_tensor<Element>(f.k, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
-                                       f.k_row_stride, f.k_head_stride, f.k_batch_stride);
-    auto v = bwd::gmem_tensor<Element>(f.v, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
-                                       f.v_row_stride, f.v_head_stride, f.v_batch_stride);
-    // With no query rows the kernel loads no Q / dO tile, and q / dout may be empty allocations
-    // (null, or zero strides): their descriptors then describe k instead, valid and never read.
-    const bool no_queries = f.seqlen_q == 0;
-    auto q = no_queries
-                 ? k
-                 : bwd::gmem_tensor<Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
-                                             f.q_row_stride, f.q_head_stride, f.q_batch_stride);
-    auto dout = no_queries ? k
-                           : bwd::gmem_tensor<Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q,
-                                                       f.batch, p.do_row_stride, p.do_head_stride,
-                                                       p.do_batch_stride);
-    const auto q_smem = take<0, 2>(typename T::SmemLayoutQ{});
-    const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
-    const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
-    bwd::KernelParams<Element, kHeadDim> params{
-        p,
-        q.shape(),
-        k.shape(),
-        make_tma_copy(SM90_TMA_LOAD{}, q, q_smem, q_tile, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, dout, q_smem, q_tile, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, k, typename T::SmemLayoutKV{}, kv_tile, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, v, typename T::SmemLayoutKV{}, kv_tile, _1{}),
-    };
-    const auto kernel = bwd::backward_kernel<Element, kHeadDim>;
-    // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
-    detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes);
-    kernel<<<static_cast<unsigned>(blocks), BackwardConfig::kThreads, T::kSmemBytes, stream>>>(
-        params);
-    SAMATTN_CHECK_LAUNCH();
+    // The benchmark-only variants, built for bf16 at head_dim 64 alone to keep the build small;
+    // backward_variant_from_environment() has refused them anywhere else.
+    if constexpr (kDType == DType::kBFloat16 && kHeadDim == 64) {
+      if (variant == BackwardVariant::kBlockM64) {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 64>>(p, stream);
+      } else if (variant == BackwardVariant::kDqPerWarpgroup && p.dq_accum != nullptr) {
+        // (Deterministic calls have no dQ in this kernel: the default one computes their dK, dV.)
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 128, true>>(p, stream);
+      } else {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
+      }
+    } else {
+      SAMATTN_CHECK(variant == BackwardVariant::kDefault,
+                    "the Hopper backward variants are built for bfloat16 head_dim 64 only");
+      bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
+    }
   }
   tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);
 }
