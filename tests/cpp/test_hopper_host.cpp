@@ -1,7 +1,8 @@
 // The host-checkable parts of the Hopper forward, on the CPU: its tile schedule
 // (forward_scheduler.h: every query tile taken exactly once by the round robin over any grid,
 // causal units of paired tiles costing the same) and the exp2 it runs on the FMA pipe
-// (exp2_fma.h: the same arithmetic the kernel does, against exp2 in double).
+// (exp2_fma.h: the same arithmetic the kernel does, against exp2 in double), and the tile tables
+// (forward_config.h: every variant fits an H100 block and the wgmma shapes).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "attention/hopper/exp2_fma.h"
+#include "attention/hopper/forward_config.h"
 #include "attention/hopper/forward_scheduler.h"
 
 namespace samattn::hopper {
@@ -107,6 +109,32 @@ TEST(HopperExp2OnFma, ClampsFarBelowAndKeepsNan) {
   EXPECT_EQ(exp2_on_fma(-1000.f), std::ldexp(1.f, -125));
   EXPECT_EQ(exp2_on_fma(-std::numeric_limits<float>::infinity()), std::ldexp(1.f, -125));
   EXPECT_TRUE(std::isnan(exp2_on_fma(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// Every entry of every head dim's tile table (the default and the tuning build's variants):
+// shared memory within the 227 KiB an H100 block may opt in to, the register split within the
+// 64K file, block_n a multiple of 16 (one P k-block per 16 keys; also N/8 even for the
+// accumulator-as-A regrouping) and at most 256 (one wgmma and one TMA box), and the default a
+// valid index.
+TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
+  constexpr int kH100SmemOptIn = 227 * 1024;
+  constexpr int kRegisterFile = 64 * 1024;
+  for (int d : kSupportedHeadDims) {
+    ASSERT_GE(default_tile_variant(d), 0);
+    ASSERT_LT(default_tile_variant(d), tile_variants(d));
+    for (int variant = 0; variant < tile_variants(d); ++variant) {
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " variant " << variant);
+      const ForwardTile tile = forward_tile(d, variant);
+      EXPECT_LE(forward_smem_bytes(tile, d, 2), kH100SmemOptIn);
+      EXPECT_LE(128 * tile.producer_registers() +
+                    128 * tile.consumer_warpgroups * tile.consumer_registers(),
+                kRegisterFile);
+      EXPECT_EQ(tile.block_n % 16, 0);
+      EXPECT_LE(tile.block_n, 256);
+      EXPECT_GE(tile.stages, 2);
+      EXPECT_GE(tile.q_buffers, 1);
+    }
+  }
 }
 
 }  // namespace
