@@ -99,7 +99,7 @@ TILE_LEGEND = {
     128: ("128x128 2 stages 2 Q", "128x176 2 stages 1 Q", "128x128 3 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
-OPTIONAL = {"tiles": False, "ablations": False}
+OPTIONAL = {"tiles": False, "ablations": ()}
 
 
 def methods_for(cfg: AttentionConfig) -> dict:
@@ -107,8 +107,8 @@ def methods_for(cfg: AttentionConfig) -> dict:
         if name in TILE_METHODS:
             return OPTIONAL["tiles"] and cfg.head_dim in TILE_LEGEND
         if name in ABLATION_METHODS:
-            return OPTIONAL["ablations"] and (name != "samattn-hopper-no_fma_exp2"
-                                              or cfg.head_dim == 64)
+            return (name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
+                    and (name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64))
         return True
     return {name: run for name, run in METHODS.items() if wanted(name)}
 
@@ -315,11 +315,13 @@ def main(argv=None) -> int:
                         default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--no-tiles", action="store_true",
                         help="leave out the tile variants even where the build has them")
-    parser.add_argument("--ablations", action="store_true",
-                        help="also the Hopper path without ping-pong / exp2 on the FMA pipe")
+    parser.add_argument("--ablations", nargs="*", default=[],
+                        choices=["no_pingpong", "no_fma_exp2"],
+                        help="also the Hopper path without ping-pong / (head dim 64) exp2 on "
+                             "the FMA pipe")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
-    OPTIONAL["ablations"] = args.ablations
+    OPTIONAL["ablations"] = tuple(args.ablations)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
         "gpu": props.name, "capability": f"{props.major}.{props.minor}", "commit": commit(),

@@ -6,14 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "attention/hopper/exp2_fma.h"
 #include "attention/hopper/forward_config.h"
+#include "attention/hopper/forward_launch.h"
 #include "attention/hopper/forward_scheduler.h"
+#include "samattn/error.h"
 
 namespace samattn::hopper {
 namespace {
@@ -133,6 +137,43 @@ TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
       EXPECT_LE(tile.block_n, 256);
       EXPECT_GE(tile.stages, 2);
       EXPECT_GE(tile.q_buffers, 1);
+    }
+  }
+}
+
+// SAMATTN_HOPPER_TILE: unset or empty is the default entry; another valid index is that entry
+// in a tuning build and an error naming the build option otherwise; an invalid one an error
+// naming the variable; head dim 256 (one entry) ignores it.
+TEST(HopperTileTables, VariantFromTheEnvironment) {
+  auto with = [](const char* value, int head_dim) {
+    setenv("SAMATTN_HOPPER_TILE", value, 1);
+    try {
+      const int variant = forward_tile_variant_from_environment(head_dim);
+      unsetenv("SAMATTN_HOPPER_TILE");
+      return std::to_string(variant);
+    } catch (const Error& error) {
+      unsetenv("SAMATTN_HOPPER_TILE");
+      return std::string(error.what());
+    }
+  };
+  unsetenv("SAMATTN_HOPPER_TILE");
+  EXPECT_EQ(forward_tile_variant_from_environment(64), default_tile_variant(64));
+  EXPECT_EQ(with("", 128), std::to_string(default_tile_variant(128)));
+  EXPECT_EQ(with("1", 256), std::to_string(default_tile_variant(256)));
+  for (const char* bad : {"7", "-1", "1x", "tile1"}) {
+    const std::string got = with(bad, 128);
+    EXPECT_NE(got.find("SAMATTN_HOPPER_TILE must be a tile variant index in [0, "),
+              std::string::npos)
+        << bad << ": " << got;
+  }
+  for (int d : {64, 128}) {
+    for (int variant = 0; variant < tile_variants(d); ++variant) {
+      const std::string got = with(std::to_string(variant).c_str(), d);
+      const bool chosen = got == std::to_string(variant);
+      const bool needs_tuning = variant != default_tile_variant(d) &&
+                                got.find("-DSAMATTN_HOPPER_TUNING=ON") != std::string::npos;
+      EXPECT_TRUE(chosen || needs_tuning)
+          << "head dim " << d << " variant " << variant << ": " << got;
     }
   }
 }

@@ -53,11 +53,14 @@ struct ForwardTile {
 // by side (forward_dispatch.cpp).
 // Head dim 64: [1] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
 // + O 32) put a third softmax next to the tensor cores; [2] 128 x 192 tiles (S 96 + P 48 + O 32
-// of 240 registers): a third fewer key-block boundaries per tile.
+// of 240 registers): a third fewer key-block boundaries per tile. Both with every exponential
+// on the MUFU: in the first H200 run exp2 on the FMA pipe cost 3-6% at most D = 64 shapes (the
+// issue slots, not the MUFU, are the limit there).
 // Head dim 128: [1] 128 x 176 tiles, one Q buffer (32 + 2 x 88 KiB = 208 KiB; S 88 + P 44 + O 64
-// registers): 6 key blocks instead of 8 at 1k keys, 27% fewer per-block overheads; [2] 3 stages
-// of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency.
-inline constexpr ForwardTile kTiles64[] = {{2, 128, 3, 2, 8}, {3, 128, 3, 2, 8}, {2, 192, 3, 2, 8}};
+// registers): 6 key blocks instead of 8 at 1k keys, a quarter fewer per-block overheads; [2] 3
+// stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA
+// latency.
+inline constexpr ForwardTile kTiles64[] = {{2, 128, 3, 2, 8}, {3, 128, 3, 2, 0}, {2, 192, 3, 2, 0}};
 inline constexpr ForwardTile kTiles128[] = {
     {2, 128, 2, 2, 0}, {2, 176, 2, 1, 0}, {2, 128, 3, 1, 0}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0}};
