@@ -75,6 +75,7 @@ METHODS = {
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    "samattn-hopper-tail": samattn_backend("hopper"),
     "samattn-hopper-tile1": samattn_backend("hopper"),
     "samattn-hopper-tile2": samattn_backend("hopper"),
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
@@ -84,11 +85,14 @@ METHODS = {
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off
 # (only head dim 64 runs part of its exponentials on the FMA pipe). SAMATTN_HOPPER_TILE: another
 # entry of the head dim's tile table (tuning builds, head dims 64 and 128).
+# SAMATTN_HOPPER_TAIL_OVERLAP=1: the next tile's first S GEMM issued before the epilogue.
 ENVIRONMENT = {
-    "samattn-hopper-tile1": ("SAMATTN_HOPPER_TILE", "1"),
-    "samattn-hopper-tile2": ("SAMATTN_HOPPER_TILE", "2"),
-    "samattn-hopper-no_pingpong": ("SAMATTN_HOPPER_ABLATION", "no_pingpong"),
-    "samattn-hopper-no_fma_exp2": ("SAMATTN_HOPPER_ABLATION", "no_fma_exp2"),
+    "samattn-hopper-tail": {"SAMATTN_HOPPER_TAIL_OVERLAP": "1"},
+    "samattn-hopper-tile1": {"SAMATTN_HOPPER_TILE": "1"},
+    "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
+    "samattn-hopper-tile1-tail": {"SAMATTN_HOPPER_TILE": "1", "SAMATTN_HOPPER_TAIL_OVERLAP": "1"},
+    "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
+    "samattn-hopper-no_fma_exp2": {"SAMATTN_HOPPER_ABLATION": "no_fma_exp2"},
 }
 TILE_METHODS = ("samattn-hopper-tile1", "samattn-hopper-tile2")
 ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_fma_exp2")
@@ -99,13 +103,15 @@ TILE_LEGEND = {
     128: ("128x128 2 stages 2 Q", "128x176 2 stages 1 Q", "128x128 3 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
-OPTIONAL = {"tiles": False, "ablations": ()}
+OPTIONAL = {"tiles": False, "ablations": (), "sm80": True}
 
 
 def methods_for(cfg: AttentionConfig) -> dict:
     def wanted(name):
         if name in TILE_METHODS:
             return OPTIONAL["tiles"] and cfg.head_dim in TILE_LEGEND
+        if name == "samattn-tensor_core":
+            return OPTIONAL["sm80"]
         if name in ABLATION_METHODS:
             return (name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
                     and (name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64))
@@ -153,15 +159,14 @@ class environment:
     """Sets method `name`'s variable (ENVIRONMENT) for the duration of a with block."""
 
     def __init__(self, name: str):
-        self.item = ENVIRONMENT.get(name)
+        self.variables = ENVIRONMENT.get(name, {})
 
     def __enter__(self):
-        if self.item:
-            os.environ[self.item[0]] = self.item[1]
+        os.environ.update(self.variables)
 
     def __exit__(self, *exc):
-        if self.item:
-            os.environ.pop(self.item[0], None)
+        for variable in self.variables:
+            os.environ.pop(variable, None)
 
 
 def measure_method(run, sets, cfg, reference, scale, min_reps, budget_ms) -> dict:
@@ -207,8 +212,10 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
 
     methods = {
         "samattn": lambda: samattn.attention(q, k, v, kv_stride=stride),
-        **({f"samattn-tile{i}": lambda: samattn.attention(q, k, v, kv_stride=stride)
-            for i in (1, 2)} if OPTIONAL["tiles"] else {}),
+        "samattn-tail": lambda: samattn.attention(q, k, v, kv_stride=stride),
+        **({name: lambda: samattn.attention(q, k, v, kv_stride=stride)
+            for name in ("samattn-tile1", "samattn-tile2", "samattn-tile1-tail")}
+           if OPTIONAL["tiles"] else {}),
         "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
         "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
@@ -262,29 +269,32 @@ def print_summary(result: dict) -> None:
 
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default tile"
+          "; tail = t0 with SAMATTN_HOPPER_TAIL_OVERLAP=1"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -fma: t0 over itself without ping-pong / exp2 on FMA" if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
             print(f"  D{head_dim}: " + ", ".join(f"t{i} {n}" for i, n in enumerate(names)))
-    header = f"{'shape':<36} {'t0':>6}"
+    header = f"{'shape':<36} {'t0':>6} {'tail':>6}"
     header += f" {'t1':>6} {'t2':>6}" if tiles else ""
-    header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn"
-    header += "  t1/cudnn  t2/cudnn  best" if tiles else ""
+    header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn tail/cudnn"
+    header += "  t1/cudnn  t2/cudnn" if tiles else ""
+    header += "  best"
     header += "   t0/fa2" + ("   /-pp  /-fma" if ablations else "")
     print(header)
     for row in result["rows"]:
         ours, cudnn, fa2 = (tflops(row, n) for n in ("samattn-hopper", "sdpa-cudnn", "sdpa-flash"))
-        line = f"{row['label']:<36} {cell(ours)}"
-        variants = [ours]
+        tail = tflops(row, "samattn-hopper-tail")
+        line = f"{row['label']:<36} {cell(ours)} {cell(tail)}"
+        variants = {"t0": ours, "tail": tail}
         if tiles:
-            variants += [tflops(row, n) for n in TILE_METHODS]
-            line += f" {cell(variants[1])} {cell(variants[2])}"
-        line += f" {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn):>8}"
+            variants.update(t1=tflops(row, TILE_METHODS[0]), t2=tflops(row, TILE_METHODS[1]))
+            line += f" {cell(variants['t1'])} {cell(variants['t2'])}"
+        line += f" {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn):>8} {ratio(tail, cudnn):>10}"
         if tiles:
-            best = max(range(3), key=lambda i: variants[i] or 0.0)
-            line += f"  {ratio(variants[1], cudnn):>8}  {ratio(variants[2], cudnn):>8}  t{best:<3}"
+            line += f"  {ratio(variants['t1'], cudnn):>8}  {ratio(variants['t2'], cudnn):>8}"
+        line += f"  {max(variants, key=lambda n: variants[n] or 0.0):<4}"
         line += f"  {ratio(ours, fa2):>7}"
         if ablations:
             line += (f"  {ratio(ours, tflops(row, ABLATION_METHODS[0]))}"
@@ -294,10 +304,12 @@ def print_summary(result: dict) -> None:
     if strided:
         ms = {n: e.get("median_ms") for n, e in strided["methods"].items()}
         cudnn = ms.get("sdpa-cudnn-view")
-        names = ["samattn"] + ([f"samattn-tile{i}" for i in (1, 2)] if tiles else [])
+        names = {"t0": "samattn", "tail": "samattn-tail"}
+        if tiles:
+            names.update(t1="samattn-tile1", t2="samattn-tile2", t1_tail="samattn-tile1-tail")
         cells = ", ".join(
-            f"{'t' + str(i)} {ms.get(n) or float('nan'):.3f} ms ({ratio(cudnn, ms.get(n)).strip()}x"
-            " cuDNN)" for i, n in enumerate(names))
+            f"{label} {ms.get(n) or float('nan'):.3f} ms ({ratio(cudnn, ms.get(n)).strip()}x"
+            " cuDNN)" for label, n in names.items())
         print(f"{strided['label']}: samattn {cells}; cuDNN on the view "
               f"{cudnn or float('nan'):.3f} ms, FA2 on the view "
               f"{ms.get('sdpa-flash-view') or float('nan'):.3f} ms, Flex "
@@ -313,6 +325,8 @@ def main(argv=None) -> int:
                         help="measured time per method and shape (at least --min-reps runs)")
     parser.add_argument("--seqlens", type=int, nargs="+",
                         default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--no-sm80", action="store_true",
+                        help="leave out samattn's sm80 (tensor_core) path")
     parser.add_argument("--no-tiles", action="store_true",
                         help="leave out the tile variants even where the build has them")
     parser.add_argument("--ablations", nargs="*", default=[],
@@ -322,6 +336,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)
+    OPTIONAL["sm80"] = not args.no_sm80
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
         "gpu": props.name, "capability": f"{props.major}.{props.minor}", "commit": commit(),
