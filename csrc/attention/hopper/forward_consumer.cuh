@@ -11,6 +11,8 @@
 // warpgroup's softmax runs while the other's GEMMs hold the tensor cores. The output is
 // normalised in registers and stored straight to global memory (plain stores drain on their own;
 // the warpgroup goes on to its next tile, whose Q and first K/V the producer has already loaded).
+// With ForwardKernelOptions::tail_overlap the next tile's first S GEMM is issued before the
+// epilogue, so the tensor cores run it while the output is stored.
 #pragma once
 
 #include "attention/hopper/forward_softmax.cuh"
