@@ -218,12 +218,12 @@ __device__ __forceinline__ void consumer_loop(
                     .n_blocks > 0) {
           const int next_buffer = (tile_iteration + 1) % Traits::kQBuffers;
           shared.barrier_q_full[next_buffer].wait(((tile_iteration + 1) / Traits::kQBuffers) & 1);
+          Tensor tSrQ_next = tSrQ(_, _, _, next_buffer);
           typename Traits::PipelineState next = state;
           ++next;
           pipeline_k.consumer_wait(next);
           warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-              mma_s, tSrQ(_, _, _, next_buffer), tSrK(_, _, _, next.index()), tSrS,
-              /*zero_init=*/true);
+              mma_s, tSrQ_next, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
           first_s_issued = true;
         }
       }
