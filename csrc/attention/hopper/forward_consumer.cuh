@@ -102,8 +102,8 @@ __device__ __forceinline__ void consumer_loop(
   RowSoftmax softmax;
   typename Traits::PipelineState state;
   int tile_iteration = 0;
-  // This tile's Q has landed and its first S GEMM is in flight: the previous tile's tail issued
-  // it (ForwardKernelOptions::tail_overlap).
+  // This tile's Q has landed and tSrS holds its first S: the previous tile's tail computed it
+  // (ForwardKernelOptions::tail_overlap).
   bool first_s_issued = false;
   turn.start();
 
@@ -166,11 +166,9 @@ __device__ __forceinline__ void consumer_loop(
       int n_block = c.n_blocks - 1;
       if (!first_s_issued) {
         pipeline_k.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
             mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
       }
-      warpgroup_wait<0>();
-      finish_operands(tSrS);
       pipeline_k.consumer_release(state);
       if (n_block == 0) q_empty.arrive();
       float rescale[2];
@@ -209,7 +207,9 @@ __device__ __forceinline__ void consumer_loop(
           mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
       // The tail: with tail_overlap the next tile's first S GEMM goes out behind the last P V
       // (S's registers are free: P holds this block's probabilities), and the epilogue below
-      // runs while the tensor cores work on it.
+      // runs while the tensor cores work on it; it is waited for at the end of this iteration
+      // (an accumulator in flight across the loop's back edge made ptxas serialise every wgmma
+      // of the kernel).
       first_s_issued = false;
       if (params.options.tail_overlap) {
         const TileCursor ahead = cursor.next(schedule, gridDim.x);
@@ -225,13 +225,10 @@ __device__ __forceinline__ void consumer_loop(
           warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
               mma_s, tSrQ_next, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
           first_s_issued = true;
+          warpgroup_wait<1>();  // the P V (wgmma groups complete in order)
         }
       }
-      if (first_s_issued) {
-        warpgroup_wait<1>();  // the P V (wgmma groups complete in order)
-      } else {
-        warpgroup_wait<0>();
-      }
+      if (!first_s_issued) warpgroup_wait<0>();
       finish_operands(tOrO, tOrP);
       pipeline_v.consumer_release(state);
       ++state;
@@ -267,6 +264,10 @@ __device__ __forceinline__ void consumer_loop(
               total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
         }
       }
+    }
+    if (first_s_issued) {  // the next tile's first S GEMM, issued in the tail
+      warpgroup_wait<0>();
+      finish_operands(tSrS);
     }
   }
 }
