@@ -75,7 +75,6 @@ METHODS = {
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-    "samattn-hopper-tail": samattn_backend("hopper"),
     "samattn-hopper-tile1": samattn_backend("hopper"),
     "samattn-hopper-tile2": samattn_backend("hopper"),
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
@@ -85,12 +84,9 @@ METHODS = {
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off
 # (only head dim 64 runs part of its exponentials on the FMA pipe). SAMATTN_HOPPER_TILE: another
 # entry of the head dim's tile table (tuning builds, head dims 64 and 128).
-# SAMATTN_HOPPER_TAIL_OVERLAP=1: the next tile's first S GEMM issued before the epilogue.
 ENVIRONMENT = {
-    "samattn-hopper-tail": {"SAMATTN_HOPPER_TAIL_OVERLAP": "1"},
     "samattn-hopper-tile1": {"SAMATTN_HOPPER_TILE": "1"},
     "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
-    "samattn-hopper-tile1-tail": {"SAMATTN_HOPPER_TILE": "1", "SAMATTN_HOPPER_TAIL_OVERLAP": "1"},
     "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
     "samattn-hopper-no_fma_exp2": {"SAMATTN_HOPPER_ABLATION": "no_fma_exp2"},
 }
@@ -212,9 +208,8 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
 
     methods = {
         "samattn": lambda: samattn.attention(q, k, v, kv_stride=stride),
-        "samattn-tail": lambda: samattn.attention(q, k, v, kv_stride=stride),
         **({name: lambda: samattn.attention(q, k, v, kv_stride=stride)
-            for name in ("samattn-tile1", "samattn-tile2", "samattn-tile1-tail")}
+            for name in ("samattn-tile1", "samattn-tile2")}
            if OPTIONAL["tiles"] else {}),
         "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
@@ -269,29 +264,27 @@ def print_summary(result: dict) -> None:
 
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default tile"
-          "; tail = t0 with SAMATTN_HOPPER_TAIL_OVERLAP=1"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -fma: t0 over itself without ping-pong / exp2 on FMA" if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
             print(f"  D{head_dim}: " + ", ".join(f"t{i} {n}" for i, n in enumerate(names)))
-    header = f"{'shape':<36} {'t0':>6} {'tail':>6}"
+    header = f"{'shape':<36} {'t0':>6}"
     header += f" {'t1':>6} {'t2':>6}" if tiles else ""
-    header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn tail/cudnn"
+    header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn"
     header += "  t1/cudnn  t2/cudnn" if tiles else ""
     header += "  best"
     header += "   t0/fa2" + ("   /-pp  /-fma" if ablations else "")
     print(header)
     for row in result["rows"]:
         ours, cudnn, fa2 = (tflops(row, n) for n in ("samattn-hopper", "sdpa-cudnn", "sdpa-flash"))
-        tail = tflops(row, "samattn-hopper-tail")
-        line = f"{row['label']:<36} {cell(ours)} {cell(tail)}"
-        variants = {"t0": ours, "tail": tail}
+        line = f"{row['label']:<36} {cell(ours)}"
+        variants = {"t0": ours}
         if tiles:
             variants.update(t1=tflops(row, TILE_METHODS[0]), t2=tflops(row, TILE_METHODS[1]))
             line += f" {cell(variants['t1'])} {cell(variants['t2'])}"
-        line += f" {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn):>8} {ratio(tail, cudnn):>10}"
+        line += f" {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn):>8}"
         if tiles:
             line += f"  {ratio(variants['t1'], cudnn):>8}  {ratio(variants['t2'], cudnn):>8}"
         line += f"  {max(variants, key=lambda n: variants[n] or 0.0):<4}"
@@ -304,9 +297,9 @@ def print_summary(result: dict) -> None:
     if strided:
         ms = {n: e.get("median_ms") for n, e in strided["methods"].items()}
         cudnn = ms.get("sdpa-cudnn-view")
-        names = {"t0": "samattn", "tail": "samattn-tail"}
+        names = {"t0": "samattn"}
         if tiles:
-            names.update(t1="samattn-tile1", t2="samattn-tile2", t1_tail="samattn-tile1-tail")
+            names.update(t1="samattn-tile1", t2="samattn-tile2")
         cells = ", ".join(
             f"{label} {ms.get(n) or float('nan'):.3f} ms ({ratio(cudnn, ms.get(n)).strip()}x"
             " cuDNN)" for label, n in names.items())

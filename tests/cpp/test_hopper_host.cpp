@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -59,29 +58,6 @@ TEST(HopperSchedule, EveryTileOnceForAnyGrid) {
                    << c.causal << " grid " << grid);
       const std::vector<int> count = visits(s, grid, c.batch_heads);
       EXPECT_TRUE(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
-    }
-  }
-}
-
-// The consumers walk their tiles with TileCursor (to look one ahead), the producer with nested
-// unit / half loops: the two orders must be the same.
-TEST(HopperSchedule, CursorWalksTheProducersOrder) {
-  for (bool causal : {false, true}) {
-    for (int64_t seqlen_q : {1, 128, 300, 589, 1024}) {
-      const TileSchedule s = make_tile_schedule(6, seqlen_q, 128, causal);
-      for (int grid : {1, 5, 132}) {
-        for (int block = 0; block < std::min<int>(grid, s.units); ++block) {
-          std::vector<std::pair<int32_t, int>> loops, cursor;
-          for (int32_t unit = block; unit < s.units; unit += grid) {
-            for (int half = 0; half < s.tiles_in(unit); ++half) loops.emplace_back(unit, half);
-          }
-          for (TileCursor c{block, 0}; c.valid(s); c = c.next(s, grid)) {
-            cursor.emplace_back(c.unit, c.half);
-          }
-          EXPECT_EQ(loops, cursor) << "causal " << causal << " seqlen_q " << seqlen_q << " grid "
-                                   << grid << " block " << block;
-        }
-      }
     }
   }
 }

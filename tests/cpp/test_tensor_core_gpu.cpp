@@ -516,37 +516,6 @@ TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
   }
 }
 
-// Sets SAMATTN_HOPPER_TAIL_OVERLAP for one scope.
-class ScopedHopperTailOverlap {
- public:
-  explicit ScopedHopperTailOverlap(const char* value) {
-    setenv("SAMATTN_HOPPER_TAIL_OVERLAP", value, 1);
-  }
-  ~ScopedHopperTailOverlap() { unsetenv("SAMATTN_HOPPER_TAIL_OVERLAP"); }
-};
-
-// Issuing the next tile's first S GEMM before the epilogue only reorders work: with several tiles
-// per block (more work units than SMs, causal pairs and single tiles), every output bit is the
-// same as without, and a multi-tile-per-block case stays within the bound of the reference.
-TEST(HopperGpuRuns, TailOverlapIsBitIdentical) {
-  SKIP_WITHOUT_HOPPER();
-  for (int64_t d : {64, 128, 256}) {
-    for (bool causal : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "head dim " << d << " causal " << causal);
-      Problem pb({2, 96, 24, 300, 200, d, d}, DType::kBFloat16);
-      pb.params.causal = causal;
-      const HostTensor without = run_on_device(pb, Backend::kHopper, nullptr);
-      const ScopedHopperTailOverlap on("1");
-      const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
-      EXPECT_EQ(with.bytes, without.bytes);
-    }
-  }
-  const ScopedHopperTailOverlap on("1");
-  check_against_reference(
-      {{"tail_overlap_many_tiles_d64", {3, 50, 50, 300, 40, 64, 64}, true}, DType::kFloat16},
-      Backend::kHopper);
-}
-
 // Head dim 64 with every exponential on the MUFU: still within the bound of the reference.
 TEST(HopperGpuRuns, AblationsStayWithinTheBound) {
   SKIP_WITHOUT_HOPPER();

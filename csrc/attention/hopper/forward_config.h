@@ -97,9 +97,6 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
 struct ForwardKernelOptions {
   bool pingpong = true;     // consumer warpgroups take turns issuing their GEMMs
   bool exp2_on_fma = true;  // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
-  // A consumer warpgroup issues the next tile's first S GEMM right after its tile's last P V, so
-  // the tensor cores work through the epilogue (SAMATTN_HOPPER_TAIL_OVERLAP=1 or 0 overrides).
-  bool tail_overlap = false;
 };
 
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the

@@ -99,12 +99,6 @@ Status supports(const AttentionParams& p) {
 
 ForwardKernelOptions forward_options_from_environment() {
   ForwardKernelOptions options;
-  if (const char* tail = std::getenv("SAMATTN_HOPPER_TAIL_OVERLAP"); tail != nullptr && *tail) {
-    const std::string flag(tail);
-    SAMATTN_CHECK(flag == "0" || flag == "1", "SAMATTN_HOPPER_TAIL_OVERLAP must be 0 or 1, got '",
-                  flag, "'");
-    options.tail_overlap = flag == "1";
-  }
   const char* value = std::getenv("SAMATTN_HOPPER_ABLATION");
   if (value == nullptr) return options;
   std::stringstream list(value);

@@ -23,8 +23,7 @@ Status supports(const AttentionParams& params);
 
 // The kernel options from SAMATTN_HOPPER_ABLATION: unset or empty for the default, or a
 // comma-separated list of "no_pingpong" and "no_fma_exp2" that turns those features off (for
-// benchmarks), and tail_overlap from SAMATTN_HOPPER_TAIL_OVERLAP (unset or empty: the default;
-// 0 or 1). Throws samattn::Error naming the variable on anything else.
+// benchmarks). Throws samattn::Error naming the variable on anything else.
 ForwardKernelOptions forward_options_from_environment();
 
 // The tile variant from SAMATTN_HOPPER_TILE (benchmarks): unset or empty for

@@ -48,20 +48,6 @@ struct TileSchedule {
   }
 };
 
-// A block's place in its sequence of tiles: unit, then tile `half` of it. The consumers look one
-// tile ahead (ForwardKernelOptions::tail_overlap).
-struct TileCursor {
-  int32_t unit;
-  int half;
-
-  SAMATTN_HOST_DEVICE bool valid(const TileSchedule& s) const { return unit < s.units; }
-  // The block's next tile with a grid of `grid` blocks (supports() keeps unit + grid in int32).
-  SAMATTN_HOST_DEVICE TileCursor next(const TileSchedule& s, int32_t grid) const {
-    if (half + 1 < s.tiles_in(unit)) return {unit, half + 1};
-    return {unit + grid, 0};
-  }
-};
-
 // The caller has checked that batch_heads * m_blocks fits in int32.
 inline TileSchedule make_tile_schedule(int64_t batch_heads, int64_t seqlen_q, int block_m,
                                        bool causal) {
