@@ -2,8 +2,11 @@
 (backend="tensor_core") against torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends,
 in one process, bf16 by default.
 
-Also samattn's Hopper path with its ping-pong and (head dim 64) its exp2-on-FMA switched off
-(SAMATTN_HOPPER_ABLATION), to measure what each is worth.
+In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's alternative tile
+variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND below)
+at head dims 64 and 128, so one run compares them; without that build those columns are left
+out. With --ablations, also the Hopper path with its ping-pong and (head dim 64) its exp2-on-FMA
+switched off (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
 {64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
@@ -72,21 +75,59 @@ METHODS = {
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    "samattn-hopper-tile1": samattn_backend("hopper"),
+    "samattn-hopper-tile2": samattn_backend("hopper"),
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
     "samattn-hopper-no_fma_exp2": samattn_backend("hopper"),
 }
-# The Hopper path with an overlap feature switched off (SAMATTN_HOPPER_ABLATION, read by the
-# launcher on every call, set around the whole measurement): what each feature is worth, in the
-# same run. Only head dim 64 runs part of its exponentials on the FMA pipe.
-ABLATIONS = {
-    "samattn-hopper-no_pingpong": "no_pingpong",
-    "samattn-hopper-no_fma_exp2": "no_fma_exp2",
+# Environment set around a method's whole measurement (the launcher reads both variables on
+# every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off
+# (only head dim 64 runs part of its exponentials on the FMA pipe). SAMATTN_HOPPER_TILE: another
+# entry of the head dim's tile table (tuning builds, head dims 64 and 128).
+ENVIRONMENT = {
+    "samattn-hopper-tile1": {"SAMATTN_HOPPER_TILE": "1"},
+    "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
+    "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
+    "samattn-hopper-no_fma_exp2": {"SAMATTN_HOPPER_ABLATION": "no_fma_exp2"},
 }
+TILE_METHODS = ("samattn-hopper-tile1", "samattn-hopper-tile2")
+ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_fma_exp2")
+# What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
+TILE_LEGEND = {
+    64: ("128x128 3 stages 2 Q", "192x128 (3 consumer warpgroups) 3 stages 2 Q",
+         "128x192 3 stages 2 Q"),
+    128: ("128x128 2 stages 2 Q", "128x176 2 stages 1 Q", "128x128 3 stages 1 Q"),
+}
+# Which optional columns this run measures (main() decides).
+OPTIONAL = {"tiles": False, "ablations": (), "sm80": True}
 
 
 def methods_for(cfg: AttentionConfig) -> dict:
-    return {name: run for name, run in METHODS.items()
-            if name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64}
+    def wanted(name):
+        if name in TILE_METHODS:
+            return OPTIONAL["tiles"] and cfg.head_dim in TILE_LEGEND
+        if name == "samattn-tensor_core":
+            return OPTIONAL["sm80"]
+        if name in ABLATION_METHODS:
+            return (name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
+                    and (name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64))
+        return True
+    return {name: run for name, run in METHODS.items() if wanted(name)}
+
+
+def tiles_available() -> bool:
+    """Whether this build has the tile variants (configured with -DSAMATTN_HOPPER_TUNING=ON)."""
+    q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+    os.environ["SAMATTN_HOPPER_TILE"] = "1"
+    try:
+        samattn.attention(q, q, q, backend="hopper")
+        torch.cuda.synchronize()
+        return True
+    except Exception as error:  # the library names the missing build option
+        print(f"tile variants not measured: {str(error).splitlines()[0][:160]}", flush=True)
+        return False
+    finally:
+        os.environ.pop("SAMATTN_HOPPER_TILE", None)
 
 
 def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
@@ -102,16 +143,26 @@ def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
     reference = METHODS["sdpa-flash"](*sets[0], cfg.causal).float()
     scale = reference.abs().max().item()
     for name, run in methods_for(cfg).items():
-        if name in ABLATIONS:
-            os.environ["SAMATTN_HOPPER_ABLATION"] = ABLATIONS[name]
-        try:
+        with environment(name):
             row["methods"][name] = measure_method(run, sets, cfg, reference, scale, min_reps,
                                                   budget_ms)
-        finally:
-            os.environ.pop("SAMATTN_HOPPER_ABLATION", None)
     del sets
     torch.cuda.empty_cache()
     return row
+
+
+class environment:
+    """Sets method `name`'s variable (ENVIRONMENT) for the duration of a with block."""
+
+    def __init__(self, name: str):
+        self.variables = ENVIRONMENT.get(name, {})
+
+    def __enter__(self):
+        os.environ.update(self.variables)
+
+    def __exit__(self, *exc):
+        for variable in self.variables:
+            os.environ.pop(variable, None)
 
 
 def measure_method(run, sets, cfg, reference, scale, min_reps, budget_ms) -> dict:
@@ -157,6 +208,9 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
 
     methods = {
         "samattn": lambda: samattn.attention(q, k, v, kv_stride=stride),
+        **({name: lambda: samattn.attention(q, k, v, kv_stride=stride)
+            for name in ("samattn-tile1", "samattn-tile2")}
+           if OPTIONAL["tiles"] else {}),
         "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
         "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
@@ -165,15 +219,16 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
     scale = reference.abs().max().item()
     row = {"config": cfg.as_dict(), "label": cfg.label(), "flops": cfg.flops(), "methods": {}}
     for name, run in methods.items():
-        diff = (run().float() - reference).abs().max().item() / scale
-        entry = {"max_rel_diff_vs_flash": diff}
-        if not diff <= WRONG_ABOVE:
-            entry["error"] = f"wrong output: {diff:.3e}"
-        else:
-            timing = measure([run], min_reps=min_reps, budget_ms=budget_ms)
-            entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
-                         reps=timing.reps,
-                         tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+        with environment(name.replace("samattn-", "samattn-hopper-")):
+            diff = (run().float() - reference).abs().max().item() / scale
+            entry = {"max_rel_diff_vs_flash": diff}
+            if not diff <= WRONG_ABOVE:
+                entry["error"] = f"wrong output: {diff:.3e}"
+            else:
+                timing = measure([run], min_reps=min_reps, budget_ms=budget_ms)
+                entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms,
+                             max_ms=timing.max_ms, reps=timing.reps,
+                             tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
         row["methods"][name] = entry
     return row
 
@@ -196,7 +251,8 @@ def commit() -> str:
 
 
 def print_summary(result: dict) -> None:
-    """One line per shape: TFLOPS of samattn's Hopper path, cuDNN and FA2, and the ratios."""
+    """One line per shape: TFLOPS of samattn's Hopper path (default tile, and the tile variants
+    and ablations this run measured), cuDNN and FA2, and the ratios to cuDNN."""
     def tflops(row, name):
         return row["methods"].get(name, {}).get("tflops")
 
@@ -204,23 +260,51 @@ def print_summary(result: dict) -> None:
         return f"{a / b:5.2f}" if a and b else "  -  "
 
     def cell(x):
-        return f"{x:6.1f}" if x else "   ERR"
+        return f"{x:6.1f}" if x else "     -"
 
-    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; the last two columns: "
-          "hopper over itself without ping-pong / without exp2 on the FMA pipe)")
-    print(f"{'shape':<36} {'hopper':>6} {'cudnn':>6} {'fa2':>6}  /cudnn  /fa2   /-pp  /-fma")
+    tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
+    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default tile"
+          + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
+          + ("; -pp, -fma: t0 over itself without ping-pong / exp2 on FMA" if ablations else "")
+          + ")")
+    if tiles:
+        for head_dim, names in TILE_LEGEND.items():
+            print(f"  D{head_dim}: " + ", ".join(f"t{i} {n}" for i, n in enumerate(names)))
+    header = f"{'shape':<36} {'t0':>6}"
+    header += f" {'t1':>6} {'t2':>6}" if tiles else ""
+    header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn"
+    header += "  t1/cudnn  t2/cudnn" if tiles else ""
+    header += "  best"
+    header += "   t0/fa2" + ("   /-pp  /-fma" if ablations else "")
+    print(header)
     for row in result["rows"]:
-        ours, cudnn, fa2, no_pp, no_fma = (tflops(row, n) for n in (
-            "samattn-hopper", "sdpa-cudnn", "sdpa-flash", "samattn-hopper-no_pingpong",
-            "samattn-hopper-no_fma_exp2"))
-        print(f"{row['label']:<36} {cell(ours)} {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn)}"
-              f"  {ratio(ours, fa2)}  {ratio(ours, no_pp)}  {ratio(ours, no_fma)}")
+        ours, cudnn, fa2 = (tflops(row, n) for n in ("samattn-hopper", "sdpa-cudnn", "sdpa-flash"))
+        line = f"{row['label']:<36} {cell(ours)}"
+        variants = {"t0": ours}
+        if tiles:
+            variants.update(t1=tflops(row, TILE_METHODS[0]), t2=tflops(row, TILE_METHODS[1]))
+            line += f" {cell(variants['t1'])} {cell(variants['t2'])}"
+        line += f" {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn):>8}"
+        if tiles:
+            line += f"  {ratio(variants['t1'], cudnn):>8}  {ratio(variants['t2'], cudnn):>8}"
+        line += f"  {max(variants, key=lambda n: variants[n] or 0.0):<4}"
+        line += f"  {ratio(ours, fa2):>7}"
+        if ablations:
+            line += (f"  {ratio(ours, tflops(row, ABLATION_METHODS[0]))}"
+                     f"  {ratio(ours, tflops(row, ABLATION_METHODS[1]))}")
+        print(line)
     strided = result.get("strided")
     if strided:
         ms = {n: e.get("median_ms") for n, e in strided["methods"].items()}
-        ours, cudnn = ms.get("samattn"), ms.get("sdpa-cudnn-view")
-        print(f"{strided['label']}: samattn {ours or float('nan'):.3f} ms, cuDNN on the view "
-              f"{cudnn or float('nan'):.3f} ms ({ratio(cudnn, ours).strip()}x), FA2 on the view "
+        cudnn = ms.get("sdpa-cudnn-view")
+        names = {"t0": "samattn"}
+        if tiles:
+            names.update(t1="samattn-tile1", t2="samattn-tile2")
+        cells = ", ".join(
+            f"{label} {ms.get(n) or float('nan'):.3f} ms ({ratio(cudnn, ms.get(n)).strip()}x"
+            " cuDNN)" for label, n in names.items())
+        print(f"{strided['label']}: samattn {cells}; cuDNN on the view "
+              f"{cudnn or float('nan'):.3f} ms, FA2 on the view "
               f"{ms.get('sdpa-flash-view') or float('nan'):.3f} ms, Flex "
               f"{ms.get('flex-mask_mod') or float('nan'):.3f} ms")
 
@@ -234,7 +318,18 @@ def main(argv=None) -> int:
                         help="measured time per method and shape (at least --min-reps runs)")
     parser.add_argument("--seqlens", type=int, nargs="+",
                         default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--no-sm80", action="store_true",
+                        help="leave out samattn's sm80 (tensor_core) path")
+    parser.add_argument("--no-tiles", action="store_true",
+                        help="leave out the tile variants even where the build has them")
+    parser.add_argument("--ablations", nargs="*", default=[],
+                        choices=["no_pingpong", "no_fma_exp2"],
+                        help="also the Hopper path without ping-pong / (head dim 64) exp2 on "
+                             "the FMA pipe")
     args = parser.parse_args(argv)
+    OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
+    OPTIONAL["ablations"] = tuple(args.ablations)
+    OPTIONAL["sm80"] = not args.no_sm80
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
         "gpu": props.name, "capability": f"{props.major}.{props.minor}", "commit": commit(),
@@ -263,7 +358,7 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print_summary(result)
-    errors = [(r["label"], n, e["error"]) for r in result["rows"]
+    errors = [(r["label"], n, e["error"]) for r in result["rows"] + [result["strided"]]
               for n, e in r["methods"].items() if "error" in e and n.startswith("samattn")]
     for label, name, error in errors:
         print(f"ERROR {label} {name}: {error}", file=sys.stderr)

@@ -1,17 +1,23 @@
 // The host-checkable parts of the Hopper forward, on the CPU: its tile schedule
 // (forward_scheduler.h: every query tile taken exactly once by the round robin over any grid,
 // causal units of paired tiles costing the same) and the exp2 it runs on the FMA pipe
-// (exp2_fma.h: the same arithmetic the kernel does, against exp2 in double).
+// (exp2_fma.h: the same arithmetic the kernel does, against exp2 in double), and the tile tables
+// (forward_config.h: every variant fits an H100 block and the wgmma shapes).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "attention/hopper/exp2_fma.h"
+#include "attention/hopper/forward_config.h"
+#include "attention/hopper/forward_launch.h"
 #include "attention/hopper/forward_scheduler.h"
+#include "samattn/error.h"
 
 namespace samattn::hopper {
 namespace {
@@ -107,6 +113,69 @@ TEST(HopperExp2OnFma, ClampsFarBelowAndKeepsNan) {
   EXPECT_EQ(exp2_on_fma(-1000.f), std::ldexp(1.f, -125));
   EXPECT_EQ(exp2_on_fma(-std::numeric_limits<float>::infinity()), std::ldexp(1.f, -125));
   EXPECT_TRUE(std::isnan(exp2_on_fma(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// Every entry of every head dim's tile table (the default and the tuning build's variants):
+// shared memory within the 227 KiB an H100 block may opt in to, the register split within the
+// 64K file, block_n a multiple of 16 (one P k-block per 16 keys; also N/8 even for the
+// accumulator-as-A regrouping) and at most 256 (one wgmma and one TMA box), and the default a
+// valid index.
+TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
+  constexpr int kH100SmemOptIn = 227 * 1024;
+  constexpr int kRegisterFile = 64 * 1024;
+  for (int d : kSupportedHeadDims) {
+    ASSERT_GE(default_tile_variant(d), 0);
+    ASSERT_LT(default_tile_variant(d), tile_variants(d));
+    for (int variant = 0; variant < tile_variants(d); ++variant) {
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " variant " << variant);
+      const ForwardTile tile = forward_tile(d, variant);
+      EXPECT_LE(forward_smem_bytes(tile, d, 2), kH100SmemOptIn);
+      EXPECT_LE(128 * tile.producer_registers() +
+                    128 * tile.consumer_warpgroups * tile.consumer_registers(),
+                kRegisterFile);
+      EXPECT_EQ(tile.block_n % 16, 0);
+      EXPECT_LE(tile.block_n, 256);
+      EXPECT_GE(tile.stages, 2);
+      EXPECT_GE(tile.q_buffers, 1);
+    }
+  }
+}
+
+// SAMATTN_HOPPER_TILE: unset or empty is the default entry; another valid index is that entry
+// in a tuning build and an error naming the build option otherwise; an invalid one an error
+// naming the variable; head dim 256 (one entry) ignores it.
+TEST(HopperTileTables, VariantFromTheEnvironment) {
+  auto with = [](const char* value, int head_dim) {
+    setenv("SAMATTN_HOPPER_TILE", value, 1);
+    try {
+      const int variant = forward_tile_variant_from_environment(head_dim);
+      unsetenv("SAMATTN_HOPPER_TILE");
+      return std::to_string(variant);
+    } catch (const Error& error) {
+      unsetenv("SAMATTN_HOPPER_TILE");
+      return std::string(error.what());
+    }
+  };
+  unsetenv("SAMATTN_HOPPER_TILE");
+  EXPECT_EQ(forward_tile_variant_from_environment(64), default_tile_variant(64));
+  EXPECT_EQ(with("", 128), std::to_string(default_tile_variant(128)));
+  EXPECT_EQ(with("1", 256), std::to_string(default_tile_variant(256)));
+  for (const char* bad : {"7", "-1", "1x", "tile1"}) {
+    const std::string got = with(bad, 128);
+    EXPECT_NE(got.find("SAMATTN_HOPPER_TILE must be a tile variant index in [0, "),
+              std::string::npos)
+        << bad << ": " << got;
+  }
+  for (int d : {64, 128}) {
+    for (int variant = 0; variant < tile_variants(d); ++variant) {
+      const std::string got = with(std::to_string(variant).c_str(), d);
+      const bool chosen = got == std::to_string(variant);
+      const bool needs_tuning = variant != default_tile_variant(d) &&
+                                got.find("-DSAMATTN_HOPPER_TUNING=ON") != std::string::npos;
+      EXPECT_TRUE(chosen || needs_tuning)
+          << "head dim " << d << " variant " << variant << ": " << got;
+    }
+  }
 }
 
 }  // namespace

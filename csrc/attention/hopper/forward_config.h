@@ -46,10 +46,49 @@ struct ForwardTile {
 // Head dim 256: O alone is 128 registers; 80 keys per stage (S 40, P 20) is the widest that lets
 // one Q tile (64 KiB) and 2 stages of K and V (160 KiB) fit the 227 KiB an H100 block may opt in
 // to. The next tile's Q then waits until the consumers are done with the current one.
+//
+// Every head dim has a table of tile variants; entry kDefaultTile* is the one the library builds
+// and runs. A build with -DSAMATTN_HOPPER_TUNING=ON (benchmarks only) also compiles the others
+// and SAMATTN_HOPPER_TILE=<index> picks one at run time, so one benchmark run measures them side
+// by side (forward_dispatch.cpp).
+// Head dim 64: [1] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
+// + O 32) put a third softmax next to the tensor cores; [2] 128 x 192 tiles (S 96 + P 48 + O 32
+// of 240 registers): a third fewer key-block boundaries per tile. Both with every exponential
+// on the MUFU: in the first H200 run exp2 on the FMA pipe cost 3-6% at most D = 64 shapes (the
+// issue slots, not the MUFU, are the limit there).
+// Head dim 128: [1] 128 x 176 tiles, one Q buffer (32 + 2 x 88 KiB = 208 KiB; S 88 + P 44 + O 64
+// registers): 6 key blocks instead of 8 at 1k keys, a quarter fewer per-block overheads; [2] 3
+// stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA
+// latency.
+inline constexpr ForwardTile kTiles64[] = {{2, 128, 3, 2, 8}, {3, 128, 3, 2, 0}, {2, 192, 3, 2, 0}};
+inline constexpr ForwardTile kTiles128[] = {
+    {2, 128, 2, 2, 0}, {2, 176, 2, 1, 0}, {2, 128, 3, 1, 0}};
+inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0}};
+inline constexpr int kDefaultTile64 = 0;
+inline constexpr int kDefaultTile128 = 0;
+inline constexpr int kDefaultTile256 = 0;
+
+constexpr int tile_variants(int64_t head_dim) {
+  if (head_dim <= 64) return static_cast<int>(sizeof(kTiles64) / sizeof(kTiles64[0]));
+  if (head_dim <= 128) return static_cast<int>(sizeof(kTiles128) / sizeof(kTiles128[0]));
+  return static_cast<int>(sizeof(kTiles256) / sizeof(kTiles256[0]));
+}
+
+constexpr int default_tile_variant(int64_t head_dim) {
+  if (head_dim <= 64) return kDefaultTile64;
+  if (head_dim <= 128) return kDefaultTile128;
+  return kDefaultTile256;
+}
+
+// The caller keeps variant within [0, tile_variants(head_dim)).
+constexpr ForwardTile forward_tile(int64_t head_dim, int variant) {
+  if (head_dim <= 64) return kTiles64[variant];
+  if (head_dim <= 128) return kTiles128[variant];
+  return kTiles256[variant];
+}
+
 constexpr ForwardTile forward_tile(int64_t head_dim) {
-  if (head_dim <= 64) return {2, 128, 3, 2, 8};
-  if (head_dim <= 128) return {2, 128, 2, 2, 0};
-  return {2, 80, 2, 1, 0};
+  return forward_tile(head_dim, default_tile_variant(head_dim));
 }
 
 // Two of the kernel's overlap features as run-time switches, so one benchmark run can measure
@@ -63,11 +102,14 @@ struct ForwardKernelOptions {
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the
 // kernel's SharedStorage by a static_assert in forward_traits.cuh).
 inline constexpr int kBarrierBytes = 1024;
-constexpr int forward_smem_bytes(int64_t head_dim, int element_bytes) {
-  const ForwardTile tile = forward_tile(head_dim);
+constexpr int forward_smem_bytes(const ForwardTile& tile, int64_t head_dim, int element_bytes) {
   const int64_t elements = int64_t{tile.q_buffers} * tile.block_m() * head_dim +
                            2 * int64_t{tile.stages} * tile.block_n * head_dim;
   return static_cast<int>(elements * element_bytes) + kBarrierBytes;
+}
+
+constexpr int forward_smem_bytes(int64_t head_dim, int element_bytes) {
+  return forward_smem_bytes(forward_tile(head_dim), head_dim, element_bytes);
 }
 
 }  // namespace samattn::hopper

@@ -44,14 +44,14 @@ struct TurnBarrier {
   }
 };
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kVariant>
 __device__ __forceinline__ void consumer_loop(
-    const HopperForwardParams<Element, kHeadDim>& params,
-    typename KernelTraits<Element, kHeadDim>::SharedStorage& shared,
-    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_k,
-    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_v) {
+    const HopperForwardParams<Element, kHeadDim, kVariant>& params,
+    typename KernelTraits<Element, kHeadDim, kVariant>::SharedStorage& shared,
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_k,
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_v) {
   using namespace cute;
-  using Traits = KernelTraits<Element, kHeadDim>;
+  using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   const detail::ForwardKernelParams& p = params.p;
   const TileSchedule& schedule = params.schedule;

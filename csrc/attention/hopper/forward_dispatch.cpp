@@ -51,7 +51,9 @@ Status supports(const AttentionParams& p) {
                                       " (needs 9.0: wgmma and TMA are sm_90a instructions)"));
   }
   const int bytes = dtype_size(p.dtype);
-  const int smem = forward_smem_bytes(p.head_dim, bytes);
+  const ForwardTile tile =
+      forward_tile(p.head_dim, forward_tile_variant_from_environment(p.head_dim));
+  const int smem = forward_smem_bytes(tile, p.head_dim, bytes);
   if (smem > device.max_smem_optin) {
     return unsupported(detail::concat("head_dim ", p.head_dim, " on this device: it needs ", smem,
                                       " bytes of shared memory per block, the device allows ",
@@ -67,7 +69,7 @@ Status supports(const AttentionParams& p) {
   // The persistent kernel numbers its query tiles with int32 and steps through them by the grid
   // size: 2^30 leaves room for the step.
   constexpr int64_t kMaxTiles = int64_t{1} << 30;
-  const int64_t block_m = forward_tile(p.head_dim).block_m();
+  const int64_t block_m = tile.block_m();
   const int64_t tiles = p.batch * p.heads_q * ((p.seqlen_q + block_m - 1) / block_m);
   if (tiles > kMaxTiles) {
     return unsupported(detail::concat("batch * heads_q * ceil(seqlen_q / ", block_m, ") = ", tiles,
@@ -116,18 +118,53 @@ ForwardKernelOptions forward_options_from_environment() {
   return options;
 }
 
+int forward_tile_variant_from_environment(int64_t head_dim) {
+  const int fallback = default_tile_variant(head_dim);
+  const char* value = std::getenv("SAMATTN_HOPPER_TILE");
+  if (value == nullptr || *value == '\0') return fallback;
+  const int variants = tile_variants(head_dim);
+  if (variants == 1) return fallback;  // one tile (head dim 256): nothing to choose
+  char* end = nullptr;
+  const long variant = std::strtol(value, &end, 10);
+  SAMATTN_CHECK(*end == '\0' && variant >= 0 && variant < variants,
+                "SAMATTN_HOPPER_TILE must be a tile variant index in [0, ", variants,
+                ") for head_dim ", head_dim, ", got '", value, "'");
+#ifndef SAMATTN_HOPPER_TUNING
+  SAMATTN_CHECK(variant == fallback, "SAMATTN_HOPPER_TILE=", value,
+                " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has only "
+                "the default variant ",
+                fallback, " for head_dim ", head_dim, ")");
+#endif
+  return static_cast<int>(variant);
+}
+
 #ifdef SAMATTN_HAVE_SM90
 namespace {
 
+// The default variant in every build; with SAMATTN_HOPPER_TUNING every entry of the table.
+template <DType kDType, int kHeadDim, int kVariant = 0>
+void dispatch_variant(int variant, const detail::ForwardKernelParams& params, cudaStream_t stream) {
+  constexpr int kDefault = default_tile_variant(kHeadDim);
+#ifdef SAMATTN_HOPPER_TUNING
+  if constexpr (kVariant < tile_variants(kHeadDim)) {
+    if (variant == kVariant) return launch_forward<kDType, kHeadDim, kVariant>(params, stream);
+    return dispatch_variant<kDType, kHeadDim, kVariant + 1>(variant, params, stream);
+  }
+#endif
+  (void)variant;  // forward_tile_variant_from_environment allowed only the default here
+  launch_forward<kDType, kHeadDim, kDefault>(params, stream);
+}
+
 template <DType kDType>
 void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t stream) {
+  const int variant = forward_tile_variant_from_environment(params.head_dim);
   switch (params.head_dim) {
     case 64:
-      return launch_forward<kDType, 64>(params, stream);
+      return dispatch_variant<kDType, 64>(variant, params, stream);
     case 128:
-      return launch_forward<kDType, 128>(params, stream);
+      return dispatch_variant<kDType, 128>(variant, params, stream);
     case 256:
-      return launch_forward<kDType, 256>(params, stream);
+      return dispatch_variant<kDType, 256>(variant, params, stream);
   }
   SAMATTN_CHECK(false, "backend hopper does not support head_dim ", params.head_dim,
                 " (supported: ", detail::comma_list(kSupportedHeadDims), ")");

@@ -25,12 +25,13 @@ namespace samattn::hopper {
 
 // __launch_bounds__(threads, 1) caps registers at entry so setmaxnreg can move them from the
 // producer warpgroup to the consumers.
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(KernelTraits<Element, kHeadDim>::kThreads, 1)
-    forward_kernel(const __grid_constant__ HopperForwardParams<Element, kHeadDim> params) {
+template <typename Element, int kHeadDim, int kVariant>
+__global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kThreads, 1)
+    forward_kernel(
+        const __grid_constant__ HopperForwardParams<Element, kHeadDim, kVariant> params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
-  using Traits = KernelTraits<Element, kHeadDim>;
+  using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(shared_bytes);
 
@@ -58,10 +59,11 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim>::kThreads, 1)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kTile.producer_registers()>();
-    if (threadIdx.x == 0) producer_loop<Element, kHeadDim>(params, shared, pipeline_k, pipeline_v);
+    if (threadIdx.x == 0)
+      producer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kTile.consumer_registers()>();
-    consumer_loop<Element, kHeadDim>(params, shared, pipeline_k, pipeline_v);
+    consumer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);
   }
 #else
   __trap();  // compiled for sm_90a only; the host never launches it elsewhere

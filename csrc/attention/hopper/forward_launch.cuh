@@ -50,11 +50,11 @@ auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, 
 
 }  // namespace detail_launch
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, int kVariant>
 void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename CuteElementOf<kDType>::type;
-  using Traits = KernelTraits<Element, kHeadDim>;
+  using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   // supports() has checked that the tiles fit the scheduler's int32 unit indices.
   const TileSchedule schedule =
       make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
@@ -83,7 +83,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       static_cast<int32_t>(p.heads_q),
       static_cast<int32_t>(p.group_size),
       p.causal};
-  HopperForwardParams<Element, kHeadDim> params{
+  HopperForwardParams<Element, kHeadDim, kVariant> params{
       p,
       geometry,
       schedule,
@@ -99,7 +99,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
                     Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
   };
 
-  const auto kernel = forward_kernel<Element, kHeadDim>;
+  const auto kernel = forward_kernel<Element, kHeadDim, kVariant>;
   // Beyond 48 KiB a block must opt in; supports() has checked the device's limit.
   detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   if (blocks == 0) return;

@@ -12,7 +12,8 @@
 
 namespace samattn::hopper {
 
-template <DType kDType, int kHeadDim>
+// kVariant: the entry of forward_config.h's tile table for kHeadDim.
+template <DType kDType, int kHeadDim, int kVariant>
 void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stream);
 
 // Whether the Hopper path can run `params` (already validated) on the current device; otherwise
@@ -24,6 +25,13 @@ Status supports(const AttentionParams& params);
 // comma-separated list of "no_pingpong" and "no_fma_exp2" that turns those features off (for
 // benchmarks). Throws samattn::Error naming the variable on anything else.
 ForwardKernelOptions forward_options_from_environment();
+
+// The tile variant from SAMATTN_HOPPER_TILE (benchmarks): unset or empty for
+// default_tile_variant(head_dim), else an index into the head dim's tile table (a head dim
+// with a single entry, 256, ignores it). The variants other than the default exist only in
+// builds with -DSAMATTN_HOPPER_TUNING=ON; anything else throws samattn::Error naming the
+// variable.
+int forward_tile_variant_from_environment(int64_t head_dim);
 
 // Picks the instantiation for (dtype, head dim) and launches it. The caller has checked
 // supports().

@@ -11,14 +11,14 @@
 
 namespace samattn::hopper {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kVariant>
 __device__ __forceinline__ void producer_loop(
-    const HopperForwardParams<Element, kHeadDim>& params,
-    typename KernelTraits<Element, kHeadDim>::SharedStorage& shared,
-    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_k,
-    typename KernelTraits<Element, kHeadDim>::Pipeline& pipeline_v) {
+    const HopperForwardParams<Element, kHeadDim, kVariant>& params,
+    typename KernelTraits<Element, kHeadDim, kVariant>::SharedStorage& shared,
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_k,
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_v) {
   using namespace cute;
-  using Traits = KernelTraits<Element, kHeadDim>;
+  using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
   const TileSchedule& schedule = params.schedule;
   Tensor mQ = params.tma_q.get_tma_tensor(params.shape_q);

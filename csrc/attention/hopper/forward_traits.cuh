@@ -22,9 +22,11 @@ namespace samattn::hopper {
 using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
-template <typename Element, int kHeadDim>
+// kVariant: the entry of forward_config.h's tile table for kHeadDim.
+template <typename Element, int kHeadDim, int kVariant>
 struct KernelTraits {
-  static constexpr ForwardTile kTile = forward_tile(kHeadDim);
+  static_assert(kVariant >= 0 && kVariant < tile_variants(kHeadDim), "no such tile variant");
+  static constexpr ForwardTile kTile = forward_tile(kHeadDim, kVariant);
   static constexpr int kConsumerWarpgroups = kTile.consumer_warpgroups;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = kTile.threads();
@@ -83,7 +85,7 @@ struct KernelTraits {
     cutlass::arch::ClusterBarrier barrier_q_empty[kQBuffers];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= forward_smem_bytes(kHeadDim, sizeof(Element)),
+  static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
                 "forward_config.h must bound the kernel's shared memory");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
@@ -111,9 +113,9 @@ struct TileGeometry {
   bool causal;
 };
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kVariant>
 struct HopperForwardParams {
-  using Traits = KernelTraits<Element, kHeadDim>;
+  using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   detail::ForwardKernelParams p;
   TileGeometry geometry;
   TileSchedule schedule;
