@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -50,13 +51,19 @@ struct TcMaskCase {
   bool deterministic = false;    // the backward's atomic-free dQ kernel
 };
 
+// gtest prints a failing parameter with this (not as raw bytes).
+void PrintTo(const TcMaskCase& c, std::ostream* os) { *os << c.name; }
+
 std::vector<TcMaskCase> cases() {
   using SP = SparsePattern;
   std::vector<TcMaskCase> c = {
       {"window", {2, 2, 1, 150, 170, 64, 64}, false, 1, 20, 5},
       {"window_causal_d32", {1, 2, 2, 300, 300, 32, 32}, true, 1, 64, -1},
       {"window_kv_stride3", {1, 2, 2, 200, 260, 128, 128}, true, 3, 90, -1},
+      // Rows 117-128 see no key (their window starts past the last key).
       {"window_sq_gt_sk", {1, 2, 2, 129, 77, 96, 96}, true, 1, 40, -1},
+      // Keys 75-199 are seen by no query (first seen past the last query).
+      {"window_sk_gt_sq", {1, 2, 2, 70, 200, 64, 64}, false, 1, 10, 5},
       {"strided_l32", {1, 2, 2, 260, 260, 64, 64}, false, 1, -1, -1, SP::kStrided, 32},
       {"strided_l100_d128", {1, 2, 2, 1000, 1000, 128, 128}, false, 1, -1, -1, SP::kStrided, 100},
       {"strided_gqa_seq1", {2, 4, 2, 1, 1, 64, 64}, false, 1, -1, -1, SP::kStrided, 8},

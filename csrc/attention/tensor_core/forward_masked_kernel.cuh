@@ -162,8 +162,10 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
 
+  // Rows that see no key (an empty range: a window starting past the last key) run no block.
   KeyBlockWork work = KeyBlockWork::kSkip;
-  int n_block = next_block((key_end + kBlockN - 1) / kBlockN - 1, work);
+  int n_block = key_end > key_begin ? next_block((key_end + kBlockN - 1) / kBlockN - 1, work)
+                                    : first_block - 1;
   load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(q_tile, q, p.q_row_stride, rows);
   cp_async_commit();
   if (n_block >= first_block) {
