@@ -51,25 +51,101 @@ __device__ __forceinline__ SequenceExtent sequence_extent(const detail::ForwardK
   return {q0, k0, min(q1 - q0, p.seqlen_q), min(keys, p.kept_keys)};
 }
 
-// What a key block needs, decided uniformly for the thread block.
-enum class KeyBlockWork : int { kSkip, kNone, kRowRange, kMaskTile };
+// What a key block needs, decided uniformly for the thread block: nothing (skipped), no masking,
+// or the call's one kind of partial masking (PartialWork).
+enum class KeyBlockWork : int { kSkip, kNone, kRowRange, kFixedPattern, kMaskTile };
 
-// The key block's work: with a pattern, block map or element mask, the shared classification
+// The call's masking of partial key blocks: the mask tile (patterns but the fixed one, block maps,
+// element masks), the fixed pattern in registers, or per-row key ranges (causal, window,
+// kv_stride, sequence ends).
+__device__ __forceinline__ KeyBlockWork partial_work(const detail::ForwardKernelParams& p) {
+  if (detail::forward_needs_mask_tile(p)) return KeyBlockWork::kMaskTile;
+  return detail::forward_fixed_pattern_in_registers(p) ? KeyBlockWork::kFixedPattern
+                                                       : KeyBlockWork::kRowRange;
+}
+
+// Whether the key block holds any visible pair (live) and whether some of its pairs are hidden
+// (partial): with a pattern, block map or element mask, the shared classification
 // (simt::classify_key_block); otherwise the block is partial iff some row's key range does not
 // cover it ([common_begin, common_end) is the keys every row of the query block sees).
-__device__ __forceinline__ KeyBlockWork key_block_work(const detail::ForwardKernelParams& p,
-                                                       bool mask_tile, int64_t b, int64_t h,
-                                                       int64_t m_begin, int rows, int64_t n_begin,
-                                                       int block_n, int64_t key_end,
-                                                       int64_t common_begin, int64_t common_end) {
-  if (mask_tile) {
+struct KeyBlockClass {
+  bool live, partial;
+};
+
+__device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelParams& p,
+                                                  bool by_policy, int64_t b, int64_t h,
+                                                  int64_t m_begin, int rows, int64_t n_begin,
+                                                  int block_n, int64_t key_end,
+                                                  int64_t common_begin, int64_t common_end) {
+  if (by_policy) {
     const detail::BlockClass c =
         simt::classify_key_block(p, b, h, m_begin, rows, n_begin, block_n, key_end);
-    if (c == detail::BlockClass::kSkip) return KeyBlockWork::kSkip;
-    return c == detail::BlockClass::kFull ? KeyBlockWork::kNone : KeyBlockWork::kMaskTile;
+    return {c != detail::BlockClass::kSkip, c == detail::BlockClass::kPartial};
   }
   const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
-  return covered ? KeyBlockWork::kNone : KeyBlockWork::kRowRange;
+  return {true, !covered};
+}
+
+// The classes of 32 key blocks at a time, one per lane, as two ballots: the walk down the key
+// blocks then costs one parallel classification (one round of block-map reads) per 32 blocks
+// instead of one dependent read per block. Every warp computes the same bits (same inputs), so
+// the thread block stays uniform without a barrier; each warp keeps them in its own shared record
+// (registers are full next to the O and S accumulators).
+struct KeyBlockWindow {
+  int top;           // bit d is key block top - d
+  uint32_t live;     // blocks with a visible pair
+  uint32_t partial;  // blocks with a hidden pair too
+  uint32_t unused;
+};
+
+// Masks the scores of a partial key block of the fixed pattern (query i sees position j <= i
+// when j / l == i / l or j % l >= l - c) in registers: lane row r keeps key `key` (relative to
+// the block) when it lies in the row's causal/window range [lo[r], hi[r]) and either in the row's
+// own pattern block or on a summary column. The summary columns of the block's keys are one
+// ballot per 32 keys; the row's pattern block one division per row.
+template <int kMTiles, int kNTiles, int kBlockN>
+__device__ __forceinline__ void mask_fixed_pattern(float (&s)[kMTiles][kNTiles][4],
+                                                   const detail::ForwardKernelParams& p,
+                                                   int first_row, int n_begin,
+                                                   const int (&lo)[2 * kMTiles],
+                                                   const int (&hi)[2 * kMTiles], int lane) {
+  constexpr int kWords = kBlockN / 32;
+  static_assert(kBlockN % 32 == 0, "one ballot per 32 keys");
+  const int l = static_cast<int>(p.policy.block);
+  const int summary_from = l - static_cast<int>(p.policy.summary);
+  const int stride = static_cast<int>(p.kv_stride);
+  const int col0 = 2 * (lane % 4);
+  uint32_t summary[kWords];
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    // Positions stay below 2^31: the dispatcher keeps masked calls below 2^30 keys.
+    const int position = (n_begin + 32 * w + lane) * stride;
+    summary[w] = __ballot_sync(0xffffffffu, position % l >= summary_from) >> col0;
+  }
+  // Logical keys (relative to the block) of row r's pattern block: [ceil(j0 / s), ceil((j0 + l) /
+  // s)) - n_begin with j0 = l * floor(i / l).
+  int same_lo[2 * kMTiles], same_hi[2 * kMTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * kMTiles; ++r) {
+    const int i = first_row + 8 * r;
+    const int j0 = i - i % l;
+    same_lo[r] = (j0 + stride - 1) / stride - n_begin;
+    same_hi[r] = (j0 + l + stride - 1) / stride - n_begin;
+  }
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 2 * m + e / 2;
+        const int key = t * 8 + col0 + (e & 1);
+        const bool on_summary = (summary[t / 4] >> ((t % 4) * 8 + (e & 1))) & 1u;
+        const bool same_block = key >= same_lo[r] && key < same_hi[r];
+        if (key < lo[r] || key >= hi[r] || !(same_block || on_summary)) s[m][t][e] = -INFINITY;
+      }
+    }
+  }
 }
 
 // Fills tile[row * kPitch + key] with the mask term of query m_begin + row and logical key
@@ -107,7 +183,10 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   Element* q_tile = reinterpret_cast<Element*>(shared_bytes);  // (kBlockM, kStride)
   Element* k_tile = q_tile + Cfg::kQTileElems;                 // (kBlockN, kStride)
   Element* v_tile = k_tile + Cfg::kKVTileElems;                // (kBlockN, kStride)
-  float* mask_tile = reinterpret_cast<float*>(shared_bytes + Cfg::kSmemBytes);  // (kBlockM, kPitch)
+  KeyBlockWindow* windows = reinterpret_cast<KeyBlockWindow*>(shared_bytes + Cfg::kSmemBytes);
+  float* mask_tile = reinterpret_cast<float*>(shared_bytes + Cfg::kSmemBytes +
+                                              Cfg::kKeyWindowBytes);  // (kBlockM, kPitch)
+  static_assert(Cfg::kKeyWindowBytes == Cfg::kWarps * int(sizeof(KeyBlockWindow)), "records");
 
   // Block coordinates and key indices as 32-bit values (fewer registers next to the O and S
   // accumulators): the dispatcher keeps calls with 2^30 or more rows or keys on SIMT, and the
@@ -135,7 +214,6 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const int common_begin = static_cast<int>(last_span.begin);
   const int common_end = static_cast<int>(first_span.end);
   const int first_block = key_begin / kBlockN;
-  const bool mask_tile_on = detail::needs_mask_tile(p);
 
   const int64_t k_phys_row = p.k_row_stride / p.kv_stride;  // one physical row of k
   const int64_t v_phys_row = p.v_row_stride / p.kv_stride;
@@ -146,21 +224,46 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      h_kv * p.v_head_stride + seq.k_row0 * v_phys_row;
 
-  const auto work_of = [&](int n_block) {
-    return key_block_work(p, mask_tile_on, b, h, m_begin, rows, n_block * kBlockN, kBlockN, key_end,
-                          common_begin, common_end);
-  };
-  // The next key block at or below n_block that is not skipped (first_block - 1 when none).
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  // The next key block at or below n_block that is not skipped (first_block - 1 when none), and
+  // its work; the whole block calls it at the same points (the ballots need every lane).
+  KeyBlockWindow& window = windows[warp];
+  if (lane == 0) window.top = -1;
+  __syncwarp();
   const auto next_block = [&](int n_block, KeyBlockWork& work) {
-    for (; n_block >= first_block; --n_block) {
-      work = work_of(n_block);
-      if (work != KeyBlockWork::kSkip) break;
+    while (n_block >= first_block) {
+      int top = window.top;
+      uint32_t live, partial;
+      if (n_block > top || n_block <= top - 32) {
+        const int mine = n_block - lane;
+        const KeyBlockClass c =
+            mine >= first_block
+                ? classify(p, detail::needs_mask_tile(p), b, h, m_begin, rows, mine * kBlockN,
+                           kBlockN, key_end, common_begin, common_end)
+                : KeyBlockClass{false, false};
+        top = n_block;
+        live = __ballot_sync(0xffffffffu, c.live);
+        partial = __ballot_sync(0xffffffffu, c.partial);
+        __syncwarp();  // every lane has read the old record
+        if (lane == 0) window = KeyBlockWindow{top, live, partial, 0u};
+        __syncwarp();
+      } else {
+        live = window.live;
+        partial = window.partial;
+      }
+      const uint32_t ahead = live >> (top - n_block);  // bit 0: n_block
+      if (ahead != 0) {
+        n_block -= __ffs(ahead) - 1;
+        // p lives in the constant bank: re-deriving the kind costs no register.
+        work = (partial >> (top - n_block)) & 1u ? partial_work(p) : KeyBlockWork::kNone;
+        return n_block;
+      }
+      n_block = top - 32;
     }
     return n_block;
   };
-
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
 
   // Rows that see no key (an empty range: a window starting past the last key) run no block.
   KeyBlockWork work = KeyBlockWork::kSkip;
@@ -252,23 +355,28 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
           }
         }
       }
-    } else if (work == KeyBlockWork::kRowRange) {
-      // Keys relative to this block: row r sees [lo, hi).
+    } else if (work != KeyBlockWork::kNone) {
+      // Keys relative to this block: row r sees [lo, hi) by causal, the window and the ends.
       int lo[kRows], hi[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         lo[r] = key_begin + static_cast<int>(key_limits[r] & 0xffffu) - n_begin;
         hi[r] = key_end - static_cast<int>(key_limits[r] >> 16) - n_begin;
       }
+      if (work == KeyBlockWork::kFixedPattern) {
+        mask_fixed_pattern<kMTiles, kNTiles, kBlockN>(s, p, m_begin + warp_row0 + lane / 4, n_begin,
+                                                      lo, hi, lane);
+      } else {
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
+        for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-        for (int t = 0; t < kNTiles; ++t) {
+          for (int t = 0; t < kNTiles; ++t) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = 2 * m + e / 2;
-            const int key = t * 8 + col0 + (e & 1);
-            if (key < lo[r] || key >= hi[r]) s[m][t][e] = -INFINITY;
+            for (int e = 0; e < 4; ++e) {
+              const int r = 2 * m + e / 2;
+              const int key = t * 8 + col0 + (e & 1);
+              if (key < lo[r] || key >= hi[r]) s[m][t][e] = -INFINITY;
+            }
           }
         }
       }
