@@ -86,10 +86,12 @@ constexpr int mask_tile_bytes(int64_t head_dim, int element_bytes) {
          int(sizeof(float));
 }
 
-// The masked kernel's per-warp record of the classes of 32 key blocks (top block, live and partial
-// bits: 16 bytes a warp), kept in shared memory rather than in registers across the main loop.
+// The masked kernel's per-warp record of the classes of 32 key blocks and the fixed pattern's
+// summary columns (32 bytes a warp), and each query row's first key of its fixed-pattern block
+// (4 bytes a row): kept in shared memory rather than in registers across the main loop.
 constexpr int key_window_bytes(int64_t head_dim, int element_bytes) {
-  return 16 * tile_shape(head_dim, element_bytes).warps;
+  const TileShape shape = tile_shape(head_dim, element_bytes);
+  return 32 * shape.warps + 4 * 16 * shape.m_tiles * shape.warps;
 }
 
 // Shared memory of the masked kernel: the unmasked tiles, the key-block records, plus the mask

@@ -90,48 +90,56 @@ __device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelPar
 // blocks then costs one parallel classification (one round of block-map reads) per 32 blocks
 // instead of one dependent read per block. Every warp computes the same bits (same inputs), so
 // the thread block stays uniform without a barrier; each warp keeps them in its own shared record
-// (registers are full next to the O and S accumulators).
+// (registers are full next to the O and S accumulators), with the summary-column bits of the
+// current key block under the fixed pattern.
+constexpr int kMaxSummaryWords = 4;  // key blocks of up to 128 keys
+
 struct KeyBlockWindow {
   int top;           // bit d is key block top - d
   uint32_t live;     // blocks with a visible pair
   uint32_t partial;  // blocks with a hidden pair too
   uint32_t unused;
+  uint32_t summary[kMaxSummaryWords];  // fixed pattern: bit k of word w, key 32 w + k a summary
 };
+
+// The fixed pattern's summary columns among logical keys [n_begin, n_begin + kBlockN): one ballot
+// per 32 keys, written to the warp's record by lane 0 (read by the warp after a barrier).
+template <int kBlockN>
+__device__ __forceinline__ void record_summary_columns(KeyBlockWindow& record,
+                                                       const detail::ForwardKernelParams& p,
+                                                       int n_begin, int lane) {
+  static_assert(kBlockN % 32 == 0 && kBlockN / 32 <= kMaxSummaryWords, "one ballot per 32 keys");
+  const int l = static_cast<int>(p.policy.block);
+  const int summary_from = l - static_cast<int>(p.policy.summary);
+#pragma unroll
+  for (int w = 0; w < kBlockN / 32; ++w) {
+    // Positions stay below 2^31: the dispatcher keeps masked calls below 2^30 keys.
+    const int position = (n_begin + 32 * w + lane) * static_cast<int>(p.kv_stride);
+    const uint32_t bits = __ballot_sync(0xffffffffu, position % l >= summary_from);
+    if (lane == 0) record.summary[w] = bits;
+  }
+}
 
 // Masks the scores of a partial key block of the fixed pattern (query i sees position j <= i
 // when j / l == i / l or j % l >= l - c) in registers: lane row r keeps key `key` (relative to
 // the block) when it lies in the row's causal/window range [lo[r], hi[r]) and either in the row's
-// own pattern block or on a summary column. The summary columns of the block's keys are one
-// ballot per 32 keys; the row's pattern block one division per row.
+// own pattern block or on a summary column. The summary bits come from the warp's record; each
+// row's first logical key of its pattern block, ceil(l * floor(i / l) / kv_stride), from
+// row_start (block row -> key, filled once per thread block). The pattern block's end needs no
+// check: the pattern is causal, and the row's range already ends at position i < j0 + l.
 template <int kMTiles, int kNTiles, int kBlockN>
 __device__ __forceinline__ void mask_fixed_pattern(float (&s)[kMTiles][kNTiles][4],
-                                                   const detail::ForwardKernelParams& p,
-                                                   int first_row, int n_begin,
+                                                   const uint32_t* summary_words,
+                                                   const int* row_start, int n_begin,
                                                    const int (&lo)[2 * kMTiles],
                                                    const int (&hi)[2 * kMTiles], int lane) {
-  constexpr int kWords = kBlockN / 32;
-  static_assert(kBlockN % 32 == 0, "one ballot per 32 keys");
-  const int l = static_cast<int>(p.policy.block);
-  const int summary_from = l - static_cast<int>(p.policy.summary);
-  const int stride = static_cast<int>(p.kv_stride);
   const int col0 = 2 * (lane % 4);
-  uint32_t summary[kWords];
+  uint32_t summary[kBlockN / 32];
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    // Positions stay below 2^31: the dispatcher keeps masked calls below 2^30 keys.
-    const int position = (n_begin + 32 * w + lane) * stride;
-    summary[w] = __ballot_sync(0xffffffffu, position % l >= summary_from) >> col0;
-  }
-  // Logical keys (relative to the block) of row r's pattern block: [ceil(j0 / s), ceil((j0 + l) /
-  // s)) - n_begin with j0 = l * floor(i / l).
-  int same_lo[2 * kMTiles], same_hi[2 * kMTiles];
+  for (int w = 0; w < kBlockN / 32; ++w) summary[w] = summary_words[w] >> col0;
+  int same_lo[2 * kMTiles];
 #pragma unroll
-  for (int r = 0; r < 2 * kMTiles; ++r) {
-    const int i = first_row + 8 * r;
-    const int j0 = i - i % l;
-    same_lo[r] = (j0 + stride - 1) / stride - n_begin;
-    same_hi[r] = (j0 + l + stride - 1) / stride - n_begin;
-  }
+  for (int r = 0; r < 2 * kMTiles; ++r) same_lo[r] = row_start[8 * r] - n_begin;
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
@@ -141,7 +149,7 @@ __device__ __forceinline__ void mask_fixed_pattern(float (&s)[kMTiles][kNTiles][
         const int r = 2 * m + e / 2;
         const int key = t * 8 + col0 + (e & 1);
         const bool on_summary = (summary[t / 4] >> ((t % 4) * 8 + (e & 1))) & 1u;
-        const bool same_block = key >= same_lo[r] && key < same_hi[r];
+        const bool same_block = key >= same_lo[r];
         if (key < lo[r] || key >= hi[r] || !(same_block || on_summary)) s[m][t][e] = -INFINITY;
       }
     }
@@ -184,9 +192,12 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   Element* k_tile = q_tile + Cfg::kQTileElems;                 // (kBlockN, kStride)
   Element* v_tile = k_tile + Cfg::kKVTileElems;                // (kBlockN, kStride)
   KeyBlockWindow* windows = reinterpret_cast<KeyBlockWindow*>(shared_bytes + Cfg::kSmemBytes);
+  int* row_start = reinterpret_cast<int*>(windows + Cfg::kWarps);  // (kBlockM): fixed pattern
   float* mask_tile = reinterpret_cast<float*>(shared_bytes + Cfg::kSmemBytes +
                                               Cfg::kKeyWindowBytes);  // (kBlockM, kPitch)
-  static_assert(Cfg::kKeyWindowBytes == Cfg::kWarps * int(sizeof(KeyBlockWindow)), "records");
+  static_assert(Cfg::kKeyWindowBytes ==
+                    Cfg::kWarps * int(sizeof(KeyBlockWindow)) + kBlockM * int(sizeof(int)),
+                "records and row starts");
 
   // Block coordinates and key indices as 32-bit values (fewer registers next to the O and S
   // accumulators): the dispatcher keeps calls with 2^30 or more rows or keys on SIMT, and the
@@ -232,6 +243,15 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   KeyBlockWindow& window = windows[warp];
   if (lane == 0) window.top = -1;
   __syncwarp();
+  if (partial_work(p) == KeyBlockWork::kFixedPattern) {
+    // Read after the main loop's first barrier.
+    const int l = static_cast<int>(p.policy.block);
+    const int stride = static_cast<int>(p.kv_stride);
+    for (int row = static_cast<int>(threadIdx.x); row < kBlockM; row += kThreads) {
+      const int i = m_begin + row;
+      row_start[row] = (i - i % l + stride - 1) / stride;
+    }
+  }
   const auto next_block = [&](int n_block, KeyBlockWork& work) {
     while (n_block >= first_block) {
       int top = window.top;
@@ -247,7 +267,11 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
         live = __ballot_sync(0xffffffffu, c.live);
         partial = __ballot_sync(0xffffffffu, c.partial);
         __syncwarp();  // every lane has read the old record
-        if (lane == 0) window = KeyBlockWindow{top, live, partial, 0u};
+        if (lane == 0) {
+          window.top = top;
+          window.live = live;
+          window.partial = partial;
+        }
         __syncwarp();
       } else {
         live = window.live;
@@ -321,9 +345,11 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
     if (work == KeyBlockWork::kMaskTile) {
       fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, b, h, m_begin, rows, n_begin,
                                                          key_end);
+    } else if (work == KeyBlockWork::kFixedPattern) {
+      record_summary_columns<kBlockN>(window, p, n_begin, lane);
     }
     cp_async_wait<0>();  // K of this block (and Q) has landed ...
-    __syncthreads();     // ... for every thread, the mask tile is written, V is free
+    __syncthreads();     // ... for every thread, the mask tile / summary bits are written, V free
     load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(v_tile, v + n_begin * p.v_row_stride,
                                                           p.v_row_stride, keys);
     cp_async_commit();
@@ -364,8 +390,8 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
         hi[r] = key_end - static_cast<int>(key_limits[r] >> 16) - n_begin;
       }
       if (work == KeyBlockWork::kFixedPattern) {
-        mask_fixed_pattern<kMTiles, kNTiles, kBlockN>(s, p, m_begin + warp_row0 + lane / 4, n_begin,
-                                                      lo, hi, lane);
+        mask_fixed_pattern<kMTiles, kNTiles, kBlockN>(
+            s, window.summary, row_start + warp_row0 + lane / 4, n_begin, lo, hi, lane);
       } else {
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) {
