@@ -74,6 +74,8 @@ std::vector<TcMaskCase> cases() {
       {"strided_window", {1, 2, 2, 400, 400, 64, 64}, false, 1, 150, -1, SP::kStrided, 40},
       {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, 1, -1, -1, SP::kFixed, 64, 8},
       {"fixed_d256", {1, 1, 1, 200, 200, 256, 256}, false, 1, -1, -1, SP::kFixed, 50, 3},
+      // The fixed pattern's register masking with kv_stride (positions n * 2) and a window.
+      {"fixed_kv_stride2_window", {1, 2, 2, 200, 300, 64, 64}, false, 2, 90, -1, SP::kFixed, 48, 5},
       {"bool_mask",
        {2, 2, 2, 77, 129, 64, 64},
        false,
