@@ -52,38 +52,56 @@ __device__ __forceinline__ SequenceExtent sequence_extent(const detail::ForwardK
 }
 
 // What a key block needs, decided uniformly for the thread block: nothing (skipped), no masking,
-// or the call's one kind of partial masking (PartialWork).
+// or one kind of partial masking.
 enum class KeyBlockWork : int { kSkip, kNone, kRowRange, kFixedPattern, kMaskTile };
 
-// The call's masking of partial key blocks: the mask tile (patterns but the fixed one, block maps,
-// element masks), the fixed pattern in registers, or per-row key ranges (causal, window,
-// kv_stride, sequence ends).
-__device__ __forceinline__ KeyBlockWork partial_work(const detail::ForwardKernelParams& p) {
-  if (detail::forward_needs_mask_tile(p)) return KeyBlockWork::kMaskTile;
-  return detail::forward_fixed_pattern_in_registers(p) ? KeyBlockWork::kFixedPattern
-                                                       : KeyBlockWork::kRowRange;
+// How the call masks a partial key block whose block-map entries (if any) are all listed: per-row
+// key ranges (causal, window, kv_stride, sequence ends), the fixed pattern in registers, or the
+// mask tile (an element mask, the strided pattern element by element). A block that a block map
+// lists only in part takes the mask tile whatever this says.
+__device__ __forceinline__ KeyBlockWork register_work(const detail::ForwardKernelParams& p) {
+  if (p.mask != nullptr || p.policy.pattern == SparsePattern::kStrided) {
+    return KeyBlockWork::kMaskTile;
+  }
+  return p.policy.pattern == SparsePattern::kFixed ? KeyBlockWork::kFixedPattern
+                                                   : KeyBlockWork::kRowRange;
 }
 
-// Whether the key block holds any visible pair (live) and whether some of its pairs are hidden
-// (partial): with a pattern, block map or element mask, the shared classification
-// (simt::classify_key_block); otherwise the block is partial iff some row's key range does not
-// cover it ([common_begin, common_end) is the keys every row of the query block sees).
+// A key block's class: any visible pair (live), some hidden pair (partial), and whether masking it
+// needs the mask tile (a block map lists it only in part).
 struct KeyBlockClass {
-  bool live, partial;
+  bool live, partial, tile;
 };
 
+// With a pattern, block map or element mask (`by_policy`): the policy's classification of the
+// rectangle, the block map's, an element mask and the sequence end (as
+// simt::classify_key_block, keeping the map's verdict apart). Otherwise the block is partial iff
+// some row's key range does not cover it ([common_begin, common_end) is the keys every row of the
+// query block sees).
 __device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelParams& p,
                                                   bool by_policy, int64_t b, int64_t h,
                                                   int64_t m_begin, int rows, int64_t n_begin,
                                                   int block_n, int64_t key_end,
                                                   int64_t common_begin, int64_t common_end) {
-  if (by_policy) {
-    const detail::BlockClass c =
-        simt::classify_key_block(p, b, h, m_begin, rows, n_begin, block_n, key_end);
-    return {c != detail::BlockClass::kSkip, c == detail::BlockClass::kPartial};
+  if (!by_policy) {
+    const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
+    return {true, !covered, false};
   }
-  const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
-  return {true, !covered};
+  const int64_t n_last = min(n_begin + block_n, key_end) - 1;
+  if (n_last < n_begin) return {false, false, false};
+  const detail::BlockClass structure = detail::classify_block(
+      p.policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
+  if (structure == detail::BlockClass::kSkip) return {false, false, false};
+  detail::BlockClass map = detail::BlockClass::kFull;
+  if (p.block_map != nullptr) {
+    map = simt::block_map_class(p, b, h, m_begin, m_begin + rows, n_begin * p.kv_stride,
+                                n_last * p.kv_stride + 1);
+    if (map == detail::BlockClass::kSkip) return {false, false, false};
+  }
+  const bool map_partial = map == detail::BlockClass::kPartial;
+  const bool partial = map_partial || structure == detail::BlockClass::kPartial ||
+                       p.mask != nullptr || n_begin + block_n > key_end;
+  return {true, partial, map_partial};
 }
 
 // The classes of 32 key blocks at a time, one per lane, as two ballots: the walk down the key
@@ -95,10 +113,10 @@ __device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelPar
 constexpr int kMaxSummaryWords = 4;  // key blocks of up to 128 keys
 
 struct KeyBlockWindow {
-  int top;           // bit d is key block top - d
-  uint32_t live;     // blocks with a visible pair
-  uint32_t partial;  // blocks with a hidden pair too
-  uint32_t unused;
+  int top;                             // bit d is key block top - d
+  uint32_t live;                       // blocks with a visible pair
+  uint32_t partial;                    // blocks with a hidden pair too
+  uint32_t tile;                       // partial blocks that need the mask tile
   uint32_t summary[kMaxSummaryWords];  // fixed pattern: bit k of word w, key 32 w + k a summary
 };
 
@@ -243,7 +261,7 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   KeyBlockWindow& window = windows[warp];
   if (lane == 0) window.top = -1;
   __syncwarp();
-  if (partial_work(p) == KeyBlockWork::kFixedPattern) {
+  if (register_work(p) == KeyBlockWork::kFixedPattern) {
     // Read after the main loop's first barrier.
     const int l = static_cast<int>(p.policy.block);
     const int stride = static_cast<int>(p.kv_stride);
@@ -255,33 +273,39 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const auto next_block = [&](int n_block, KeyBlockWork& work) {
     while (n_block >= first_block) {
       int top = window.top;
-      uint32_t live, partial;
+      uint32_t live, partial, tile;
       if (n_block > top || n_block <= top - 32) {
         const int mine = n_block - lane;
         const KeyBlockClass c =
             mine >= first_block
                 ? classify(p, detail::needs_mask_tile(p), b, h, m_begin, rows, mine * kBlockN,
                            kBlockN, key_end, common_begin, common_end)
-                : KeyBlockClass{false, false};
+                : KeyBlockClass{false, false, false};
         top = n_block;
         live = __ballot_sync(0xffffffffu, c.live);
         partial = __ballot_sync(0xffffffffu, c.partial);
+        tile = __ballot_sync(0xffffffffu, c.tile);
         __syncwarp();  // every lane has read the old record
         if (lane == 0) {
           window.top = top;
           window.live = live;
           window.partial = partial;
+          window.tile = tile;
         }
         __syncwarp();
       } else {
         live = window.live;
         partial = window.partial;
+        tile = window.tile;
       }
       const uint32_t ahead = live >> (top - n_block);  // bit 0: n_block
       if (ahead != 0) {
         n_block -= __ffs(ahead) - 1;
+        const int d = top - n_block;
         // p lives in the constant bank: re-deriving the kind costs no register.
-        work = (partial >> (top - n_block)) & 1u ? partial_work(p) : KeyBlockWork::kNone;
+        work = !((partial >> d) & 1u) ? KeyBlockWork::kNone
+               : (tile >> d) & 1u     ? KeyBlockWork::kMaskTile
+                                      : register_work(p);
         return n_block;
       }
       n_block = top - 32;
