@@ -86,6 +86,18 @@ SAMATTN_HOST_DEVICE bool needs_mask_tile(const ForwardKernelParams& p) {
   return p.policy.pattern != SparsePattern::kNone || p.block_map != nullptr || p.mask != nullptr;
 }
 
+// True when the tensor-core forward masks the partial key blocks of the fixed pattern with
+// arithmetic in registers (per row: the pattern block's key range; per key: summary column or
+// not), which needs no mask tile: the fixed pattern without a block map or element mask on top.
+SAMATTN_HOST_DEVICE bool forward_fixed_pattern_in_registers(const ForwardKernelParams& p) {
+  return p.policy.pattern == SparsePattern::kFixed && p.block_map == nullptr && p.mask == nullptr;
+}
+
+// The tensor-core forward's mask tile: what needs one, less what it masks in registers.
+SAMATTN_HOST_DEVICE bool forward_needs_mask_tile(const ForwardKernelParams& p) {
+  return needs_mask_tile(p) && !forward_fixed_pattern_in_registers(p);
+}
+
 // Derives the kernel parameters from validated AttentionParams (strides with kv_stride folded
 // in, kept key count, log2-scaled softmax scale; varlen's cu_seqlens and lse layout).
 ForwardKernelParams make_forward_kernel_params(const AttentionParams& params);

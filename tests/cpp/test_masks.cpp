@@ -3,6 +3,7 @@
 // checks, and (with a GPU) the SIMT kernels with attn_mask, window, patterns and varlen against
 // the fp64 reference for every dtype, forward and backward, outputs poisoned.
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -73,8 +74,10 @@ TEST(MaskPolicy, BlockClassificationAgreesWithElements) {
 // The key range from causal and the window contains every visible key.
 TEST(MaskPolicy, KeyRangeContainsEveryVisibleKey) {
   for (const MaskPolicy& p : policies()) {
-    for (int64_t q0 = 0; q0 < 24; q0 += 5) {
+    for (int64_t q0 = 0; q0 < 44; q0 += 5) {
       const detail::KeyRange range = detail::visible_key_range(p, q0, q0 + 6, 30);
+      EXPECT_LE(range.begin, range.end);
+      EXPECT_LE(range.end, 30) << "queries from " << q0;
       for (int64_t i = q0; i < q0 + 6; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
           if (detail::structurally_visible(p, i, j)) {
@@ -87,14 +90,23 @@ TEST(MaskPolicy, KeyRangeContainsEveryVisibleKey) {
 }
 
 // The per-row key span and per-key query span are exactly the structurally visible pairs of
-// causal and the window (patterns only thin them out), for every kv_stride.
+// causal and the window (patterns only thin them out), for every kv_stride, and never reach past
+// the keys or the queries: with seqlen_q > seqlen_k a window can start past the last key (and with
+// seqlen_k > seqlen_q a key can be first seen past the last query); the kernels load every key
+// (query) below a block's span end.
 TEST(MaskPolicy, SpansMatchElementVisibility) {
   for (const MaskPolicy& p : policies()) {
-    for (int64_t stride : {1, 2, 3}) {
+    for (auto [stride, seqlen_q, seqlen_k] : {std::tuple<int64_t, int64_t, int64_t>{1, 23, 29},
+                                              {2, 23, 29},
+                                              {3, 23, 29},
+                                              {1, 40, 11},
+                                              {2, 40, 11},
+                                              {1, 9, 40},
+                                              {3, 9, 40}}) {
       MaskPolicy band = p;
       band.pattern = SparsePattern::kNone;
       band.causal = p.causal || p.pattern != SparsePattern::kNone;
-      const int64_t seqlen_q = 23, seqlen_k = 29, kept = (seqlen_k + stride - 1) / stride;
+      const int64_t kept = (seqlen_k + stride - 1) / stride;
       for (int64_t i = 0; i < seqlen_q; ++i) {
         const detail::Span keys = detail::visible_key_span(p, i, kept, stride);
         for (int64_t n = 0; n < kept; ++n) {
@@ -104,6 +116,7 @@ TEST(MaskPolicy, SpansMatchElementVisibility) {
               << " window (" << p.window_left << ", " << p.window_right << ")";
         }
         EXPECT_LE(keys.begin, keys.end);
+        EXPECT_LE(keys.end, kept) << "query " << i << " stride " << stride;
       }
       for (int64_t n = 0; n < kept; ++n) {
         const detail::Span queries = detail::visible_query_span(p, n, seqlen_q, stride);
@@ -112,6 +125,8 @@ TEST(MaskPolicy, SpansMatchElementVisibility) {
                     i >= queries.begin && i < queries.end)
               << "key " << n << " query " << i << " stride " << stride;
         }
+        EXPECT_LE(queries.begin, queries.end);
+        EXPECT_LE(queries.end, seqlen_q) << "key " << n << " stride " << stride;
       }
     }
   }
@@ -249,6 +264,26 @@ struct MaskCase {
 const MaskCase kMaskCases[] = {
     {"window", {2, 2, 1, 150, 170, 64, 64}, false, 20, 5, SparsePattern::kNone, 0, 0, false},
     {"window_causal", {1, 2, 2, 300, 300, 32, 32}, true, 64, -1, SparsePattern::kNone, 0, 0, false},
+    // Rows 117-128 see no key: output 0, lse -inf, no gradient.
+    {"window_sq_gt_sk",
+     {1, 2, 2, 129, 77, 96, 96},
+     true,
+     40,
+     -1,
+     SparsePattern::kNone,
+     0,
+     0,
+     false},
+    // Keys 75-199 are seen by no query: dK = dV = 0 there.
+    {"window_sk_gt_sq",
+     {1, 2, 2, 70, 200, 64, 64},
+     false,
+     10,
+     5,
+     SparsePattern::kNone,
+     0,
+     0,
+     false},
     {"strided", {1, 2, 2, 260, 260, 64, 64}, false, -1, -1, SparsePattern::kStrided, 32, 0, false},
     {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, -1, -1, SparsePattern::kFixed, 64, 8, false},
     {"bool_mask", {2, 2, 2, 77, 129, 40, 40}, false, -1, -1, SparsePattern::kNone, 0, 0, true},
@@ -262,6 +297,9 @@ const MaskCase kMaskCases[] = {
      0,
      true},
 };
+
+// gtest prints a failing parameter with this (not as raw bytes).
+void PrintTo(const MaskCase& c, std::ostream* os) { *os << c.name; }
 
 // A bool mask (B, 1, Sq, Sk) broadcast over heads (head stride 0), ~30% hidden, row 3 all hidden.
 std::vector<uint8_t> random_bool_mask(const Shape& s, uint64_t seed) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -50,13 +51,19 @@ struct TcMaskCase {
   bool deterministic = false;    // the backward's atomic-free dQ kernel
 };
 
+// gtest prints a failing parameter with this (not as raw bytes).
+void PrintTo(const TcMaskCase& c, std::ostream* os) { *os << c.name; }
+
 std::vector<TcMaskCase> cases() {
   using SP = SparsePattern;
   std::vector<TcMaskCase> c = {
       {"window", {2, 2, 1, 150, 170, 64, 64}, false, 1, 20, 5},
       {"window_causal_d32", {1, 2, 2, 300, 300, 32, 32}, true, 1, 64, -1},
       {"window_kv_stride3", {1, 2, 2, 200, 260, 128, 128}, true, 3, 90, -1},
+      // Rows 117-128 see no key (their window starts past the last key).
       {"window_sq_gt_sk", {1, 2, 2, 129, 77, 96, 96}, true, 1, 40, -1},
+      // Keys 75-199 are seen by no query (first seen past the last query).
+      {"window_sk_gt_sq", {1, 2, 2, 70, 200, 64, 64}, false, 1, 10, 5},
       {"strided_l32", {1, 2, 2, 260, 260, 64, 64}, false, 1, -1, -1, SP::kStrided, 32},
       {"strided_l100_d128", {1, 2, 2, 1000, 1000, 128, 128}, false, 1, -1, -1, SP::kStrided, 100},
       {"strided_gqa_seq1", {2, 4, 2, 1, 1, 64, 64}, false, 1, -1, -1, SP::kStrided, 8},
@@ -67,6 +74,8 @@ std::vector<TcMaskCase> cases() {
       {"strided_window", {1, 2, 2, 400, 400, 64, 64}, false, 1, 150, -1, SP::kStrided, 40},
       {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, 1, -1, -1, SP::kFixed, 64, 8},
       {"fixed_d256", {1, 1, 1, 200, 200, 256, 256}, false, 1, -1, -1, SP::kFixed, 50, 3},
+      // The fixed pattern's register masking with kv_stride (positions n * 2) and a window.
+      {"fixed_kv_stride2_window", {1, 2, 2, 200, 300, 64, 64}, false, 2, 90, -1, SP::kFixed, 48, 5},
       {"bool_mask",
        {2, 2, 2, 77, 129, 64, 64},
        false,
@@ -109,6 +118,20 @@ std::vector<TcMaskCase> cases() {
        ElementMask::kNone,
        48,
        80},
+      // Map cells aligned with the 128 x 96 tiles (hdim 64): the listed blocks on the diagonal
+      // are masked by row ranges, no mask tile.
+      {"block_map_causal",
+       {1, 2, 2, 300, 300, 64, 64},
+       true,
+       1,
+       -1,
+       -1,
+       SP::kNone,
+       0,
+       0,
+       ElementMask::kNone,
+       128,
+       96},
       {"block_map_bool_causal",
        {1, 2, 1, 257, 257, 128, 128},
        true,

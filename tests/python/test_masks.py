@@ -536,11 +536,18 @@ def test_gpu_forcing_tensor_cores_on_unsupported_masked_calls_raises():
         samattn.attention(q, k, v, backend="tensor_core", **options)
 
 
+def heavy(value):
+    """A parameter whose case takes seconds (long sequences, fp64 CPU reference): marked so
+    quick device scripts can deselect it (-m "not heavy"); full runs keep it."""
+    return pytest.param(value, marks=pytest.mark.heavy)
+
+
 # Every option on the tensor cores, at head dims they take, with awkward lengths.
 TC_PATTERNS = {
     "causal_mask_s1": ((2, 2, 2, 1, 1, 64), dict(window=(0, 0))),
     "window_77": ((1, 4, 2, 77, 77, 64), dict(window=(20, 3))),
     "window_causal_1000": ((1, 2, 2, 1000, 1000, 128), dict(window=(100, -1), causal=True)),
+    "window_sq_gt_sk": ((1, 2, 2, 129, 77, 96), dict(window=(40, -1), causal=True)),
     "window_sq_ne_sk": ((1, 2, 1, 129, 300, 32), dict(window=(50, 60))),
     "window_kv_stride": ((1, 2, 2, 200, 230, 64), dict(window=(70, 10), kv_stride=3)),
     "strided_l16_129": ((1, 2, 2, 129, 129, 64), dict(sparse_pattern="strided", sparse_block=16)),
@@ -557,11 +564,12 @@ TC_PATTERNS = {
     "fixed_1000": ((1, 2, 1, 1000, 1000, 128), dict(sparse_pattern="fixed", sparse_block=128,
                                                     sparse_summary=16)),
 }
+HEAVY_TC_PATTERNS = {"window_causal_1000", "strided_l128_1000", "strided_l100_gqa", "fixed_1000"}
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("name", list(TC_PATTERNS))
+@pytest.mark.parametrize("name", [heavy(n) if n in HEAVY_TC_PATTERNS else n for n in TC_PATTERNS])
 def test_gpu_tensor_core_patterns_forward_and_backward(name, dtype):
     """Forced onto the tensor cores; "auto" picks the same kernels for these calls."""
     shape, options = TC_PATTERNS[name]
@@ -578,8 +586,8 @@ def test_gpu_tensor_core_patterns_forward_and_backward(name, dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("shape", [(1, 2, 2, 1000, 1000, 64), (2, 4, 2, 300, 257, 128),
-                                   (1, 2, 2, 129, 129, 32)])
+@pytest.mark.parametrize("shape", [heavy((1, 2, 2, 1000, 1000, 64)),
+                                   heavy((2, 4, 2, 300, 257, 128)), (1, 2, 2, 129, 129, 32)])
 def test_gpu_strided_decomposition_matches_the_mask_paths(dtype, shape):
     """The built-in strided pattern (residue views + band, merged in one softmax) against the
     same pattern given as attn_mask (the tensor-core mask tile) and on SIMT: all three within
@@ -600,7 +608,7 @@ def test_gpu_strided_decomposition_matches_the_mask_paths(dtype, shape):
 
 
 @requires_cuda
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic", [False, heavy(True)])
 def test_gpu_strided_gradients_both_backward_paths(deterministic):
     """The backward of the strided pattern: residue views and band as separate parts (atomic
     dQ) or element-wise masking (the deterministic dQ kernel); both within the tensor-core
@@ -626,7 +634,7 @@ def test_gpu_strided_gradients_both_backward_paths(deterministic):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-@pytest.mark.parametrize("shape", [(2, 4, 2, 77, 129, 64), (1, 2, 2, 200, 200, 128),
+@pytest.mark.parametrize("shape", [(2, 4, 2, 77, 129, 64), heavy((1, 2, 2, 200, 200, 128)),
                                    (1, 2, 1, 130, 70, 40)])
 @pytest.mark.parametrize("kind", ["bool", "float", "broadcast_row"])
 def test_gpu_attn_mask_forward_and_backward(dtype, shape, kind):
@@ -662,7 +670,7 @@ def test_gpu_pattern_gradients(name, dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [heavy(torch.float32), torch.float16])
 def test_gpu_large_patterns_block_skipping(dtype):
     """Sequences long enough for whole key blocks to be skipped (window, strided, fixed)."""
     q, k, v = make_qkv(1, 2, 2, 700, 700, 64, dtype=dtype, device="cuda", seed=35)

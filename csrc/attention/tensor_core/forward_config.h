@@ -86,9 +86,18 @@ constexpr int mask_tile_bytes(int64_t head_dim, int element_bytes) {
          int(sizeof(float));
 }
 
-// Shared memory of the masked kernel: the unmasked tiles, plus the mask tile when needed.
+// The masked kernel's per-warp record of the classes of 32 key blocks and the fixed pattern's
+// summary columns (32 bytes a warp), and each query row's first key of its fixed-pattern block
+// (4 bytes a row): kept in shared memory rather than in registers across the main loop.
+constexpr int key_window_bytes(int64_t head_dim, int element_bytes) {
+  const TileShape shape = tile_shape(head_dim, element_bytes);
+  return 32 * shape.warps + 4 * 16 * shape.m_tiles * shape.warps;
+}
+
+// Shared memory of the masked kernel: the unmasked tiles, the key-block records, plus the mask
+// tile when needed.
 constexpr int forward_masked_smem_bytes(int64_t head_dim, int element_bytes, bool with_tile) {
-  return forward_smem_bytes(head_dim, element_bytes) +
+  return forward_smem_bytes(head_dim, element_bytes) + key_window_bytes(head_dim, element_bytes) +
          (with_tile ? mask_tile_bytes(head_dim, element_bytes) : 0);
 }
 
@@ -108,6 +117,7 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = forward_smem_bytes(kHeadDim, kElementBytes);
   static constexpr int kChunkElems = 16 / kElementBytes;  // elements per 16-byte copy
   static constexpr int kMaskPitch = mask_tile_pitch(kHeadDim, kElementBytes);  // floats
+  static constexpr int kKeyWindowBytes = key_window_bytes(kHeadDim, kElementBytes);
 
   static_assert(kHeadDim % 32 == 0, "tile loads give each thread whole 16-byte chunks");
   static_assert((kRowStride * kElementBytes / 16) % 2 == 1, "row pitch must be odd in 16 B");

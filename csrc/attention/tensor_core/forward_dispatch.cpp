@@ -18,10 +18,14 @@ Status unsupported(const std::string& why) {
 // The masked kernel keeps block coordinates and key indices in 32-bit registers.
 constexpr int64_t kMaxMaskedLength = int64_t{1} << 30;
 
-// Whether the masked kernel needs its per-element mask tile (tensor_core/forward_config.h).
+// Whether the masked kernel needs its per-element mask tile (tensor_core/forward_config.h):
+// detail::forward_needs_mask_tile on the call's options (the fixed pattern alone is masked in
+// registers).
 bool wants_mask_tile(const AttentionParams& p) {
-  return p.mask.pattern != SparsePattern::kNone || p.mask.has_block_map() ||
-         p.mask.has_element_mask();
+  const bool map_or_mask = p.mask.has_block_map() || p.mask.has_element_mask();
+  const bool pattern_needs_tile =
+      p.mask.pattern != SparsePattern::kNone && p.mask.pattern != SparsePattern::kFixed;
+  return map_or_mask || pattern_needs_tile;
 }
 
 // What the call alone decides (dtype, head dims, mask options), before any device is queried: a

@@ -24,7 +24,7 @@ void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stre
     if constexpr (kDType == DType::kFloat16 || kDType == DType::kBFloat16) {
       const auto kernel = masked_forward_kernel<Element, kHeadDim>;
       const int smem = forward_masked_smem_bytes(kHeadDim, int(sizeof(Element)),
-                                                 detail::needs_mask_tile(params));
+                                                 detail::forward_needs_mask_tile(params));
       // The opt-in is set once per device (allow_dynamic_smem caches it): to the size with the
       // mask tile where the device has it, else without (supports() sent no tile call then).
       const int with_tile = forward_masked_smem_bytes(kHeadDim, int(sizeof(Element)), true);

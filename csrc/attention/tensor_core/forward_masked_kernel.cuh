@@ -51,25 +51,127 @@ __device__ __forceinline__ SequenceExtent sequence_extent(const detail::ForwardK
   return {q0, k0, min(q1 - q0, p.seqlen_q), min(keys, p.kept_keys)};
 }
 
-// What a key block needs, decided uniformly for the thread block.
-enum class KeyBlockWork : int { kSkip, kNone, kRowRange, kMaskTile };
+// What a key block needs, decided uniformly for the thread block: nothing (skipped), no masking,
+// or one kind of partial masking.
+enum class KeyBlockWork : int { kSkip, kNone, kRowRange, kFixedPattern, kMaskTile };
 
-// The key block's work: with a pattern, block map or element mask, the shared classification
-// (simt::classify_key_block); otherwise the block is partial iff some row's key range does not
-// cover it ([common_begin, common_end) is the keys every row of the query block sees).
-__device__ __forceinline__ KeyBlockWork key_block_work(const detail::ForwardKernelParams& p,
-                                                       bool mask_tile, int64_t b, int64_t h,
-                                                       int64_t m_begin, int rows, int64_t n_begin,
-                                                       int block_n, int64_t key_end,
-                                                       int64_t common_begin, int64_t common_end) {
-  if (mask_tile) {
-    const detail::BlockClass c =
-        simt::classify_key_block(p, b, h, m_begin, rows, n_begin, block_n, key_end);
-    if (c == detail::BlockClass::kSkip) return KeyBlockWork::kSkip;
-    return c == detail::BlockClass::kFull ? KeyBlockWork::kNone : KeyBlockWork::kMaskTile;
+// How the call masks a partial key block whose block-map entries (if any) are all listed: per-row
+// key ranges (causal, window, kv_stride, sequence ends), the fixed pattern in registers, or the
+// mask tile (an element mask, the strided pattern element by element). A block that a block map
+// lists only in part takes the mask tile whatever this says.
+__device__ __forceinline__ KeyBlockWork register_work(const detail::ForwardKernelParams& p) {
+  if (p.mask != nullptr || p.policy.pattern == SparsePattern::kStrided) {
+    return KeyBlockWork::kMaskTile;
   }
-  const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
-  return covered ? KeyBlockWork::kNone : KeyBlockWork::kRowRange;
+  return p.policy.pattern == SparsePattern::kFixed ? KeyBlockWork::kFixedPattern
+                                                   : KeyBlockWork::kRowRange;
+}
+
+// A key block's class: any visible pair (live), some hidden pair (partial), and whether masking it
+// needs the mask tile (a block map lists it only in part).
+struct KeyBlockClass {
+  bool live, partial, tile;
+};
+
+// With a pattern, block map or element mask (`by_policy`): the policy's classification of the
+// rectangle, the block map's, an element mask and the sequence end (as
+// simt::classify_key_block, keeping the map's verdict apart). Otherwise the block is partial iff
+// some row's key range does not cover it ([common_begin, common_end) is the keys every row of the
+// query block sees).
+__device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelParams& p,
+                                                  bool by_policy, int64_t b, int64_t h,
+                                                  int64_t m_begin, int rows, int64_t n_begin,
+                                                  int block_n, int64_t key_end,
+                                                  int64_t common_begin, int64_t common_end) {
+  if (!by_policy) {
+    const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
+    return {true, !covered, false};
+  }
+  const int64_t n_last = min(n_begin + block_n, key_end) - 1;
+  if (n_last < n_begin) return {false, false, false};
+  const detail::BlockClass structure = detail::classify_block(
+      p.policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
+  if (structure == detail::BlockClass::kSkip) return {false, false, false};
+  detail::BlockClass map = detail::BlockClass::kFull;
+  if (p.block_map != nullptr) {
+    map = simt::block_map_class(p, b, h, m_begin, m_begin + rows, n_begin * p.kv_stride,
+                                n_last * p.kv_stride + 1);
+    if (map == detail::BlockClass::kSkip) return {false, false, false};
+  }
+  const bool map_partial = map == detail::BlockClass::kPartial;
+  const bool partial = map_partial || structure == detail::BlockClass::kPartial ||
+                       p.mask != nullptr || n_begin + block_n > key_end;
+  return {true, partial, map_partial};
+}
+
+// The classes of 32 key blocks at a time, one per lane, as two ballots: the walk down the key
+// blocks then costs one parallel classification (one round of block-map reads) per 32 blocks
+// instead of one dependent read per block. Every warp computes the same bits (same inputs), so
+// the thread block stays uniform without a barrier; each warp keeps them in its own shared record
+// (registers are full next to the O and S accumulators), with the summary-column bits of the
+// current key block under the fixed pattern.
+constexpr int kMaxSummaryWords = 4;  // key blocks of up to 128 keys
+
+struct KeyBlockWindow {
+  int top;                             // bit d is key block top - d
+  uint32_t live;                       // blocks with a visible pair
+  uint32_t partial;                    // blocks with a hidden pair too
+  uint32_t tile;                       // partial blocks that need the mask tile
+  uint32_t summary[kMaxSummaryWords];  // fixed pattern: bit k of word w, key 32 w + k a summary
+};
+
+// The fixed pattern's summary columns among logical keys [n_begin, n_begin + kBlockN): one ballot
+// per 32 keys, written to the warp's record by lane 0 (read by the warp after a barrier).
+template <int kBlockN>
+__device__ __forceinline__ void record_summary_columns(KeyBlockWindow& record,
+                                                       const detail::ForwardKernelParams& p,
+                                                       int n_begin, int lane) {
+  static_assert(kBlockN % 32 == 0 && kBlockN / 32 <= kMaxSummaryWords, "one ballot per 32 keys");
+  const int l = static_cast<int>(p.policy.block);
+  const int summary_from = l - static_cast<int>(p.policy.summary);
+#pragma unroll
+  for (int w = 0; w < kBlockN / 32; ++w) {
+    // Positions stay below 2^31: the dispatcher keeps masked calls below 2^30 keys.
+    const int position = (n_begin + 32 * w + lane) * static_cast<int>(p.kv_stride);
+    const uint32_t bits = __ballot_sync(0xffffffffu, position % l >= summary_from);
+    if (lane == 0) record.summary[w] = bits;
+  }
+}
+
+// Masks the scores of a partial key block of the fixed pattern (query i sees position j <= i
+// when j / l == i / l or j % l >= l - c) in registers: lane row r keeps key `key` (relative to
+// the block) when it lies in the row's causal/window range [lo[r], hi[r]) and either in the row's
+// own pattern block or on a summary column. The summary bits come from the warp's record; each
+// row's first logical key of its pattern block, ceil(l * floor(i / l) / kv_stride), from
+// row_start (block row -> key, filled once per thread block). The pattern block's end needs no
+// check: the pattern is causal, and the row's range already ends at position i < j0 + l.
+template <int kMTiles, int kNTiles, int kBlockN>
+__device__ __forceinline__ void mask_fixed_pattern(float (&s)[kMTiles][kNTiles][4],
+                                                   const uint32_t* summary_words,
+                                                   const int* row_start, int n_begin,
+                                                   const int (&lo)[2 * kMTiles],
+                                                   const int (&hi)[2 * kMTiles], int lane) {
+  const int col0 = 2 * (lane % 4);
+  uint32_t summary[kBlockN / 32];
+#pragma unroll
+  for (int w = 0; w < kBlockN / 32; ++w) summary[w] = summary_words[w] >> col0;
+  int same_lo[2 * kMTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * kMTiles; ++r) same_lo[r] = row_start[8 * r] - n_begin;
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int t = 0; t < kNTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 2 * m + e / 2;
+        const int key = t * 8 + col0 + (e & 1);
+        const bool on_summary = (summary[t / 4] >> ((t % 4) * 8 + (e & 1))) & 1u;
+        const bool same_block = key >= same_lo[r];
+        if (key < lo[r] || key >= hi[r] || !(same_block || on_summary)) s[m][t][e] = -INFINITY;
+      }
+    }
+  }
 }
 
 // Fills tile[row * kPitch + key] with the mask term of query m_begin + row and logical key
@@ -107,7 +209,13 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   Element* q_tile = reinterpret_cast<Element*>(shared_bytes);  // (kBlockM, kStride)
   Element* k_tile = q_tile + Cfg::kQTileElems;                 // (kBlockN, kStride)
   Element* v_tile = k_tile + Cfg::kKVTileElems;                // (kBlockN, kStride)
-  float* mask_tile = reinterpret_cast<float*>(shared_bytes + Cfg::kSmemBytes);  // (kBlockM, kPitch)
+  KeyBlockWindow* windows = reinterpret_cast<KeyBlockWindow*>(shared_bytes + Cfg::kSmemBytes);
+  int* row_start = reinterpret_cast<int*>(windows + Cfg::kWarps);  // (kBlockM): fixed pattern
+  float* mask_tile = reinterpret_cast<float*>(shared_bytes + Cfg::kSmemBytes +
+                                              Cfg::kKeyWindowBytes);  // (kBlockM, kPitch)
+  static_assert(Cfg::kKeyWindowBytes ==
+                    Cfg::kWarps * int(sizeof(KeyBlockWindow)) + kBlockM * int(sizeof(int)),
+                "records and row starts");
 
   // Block coordinates and key indices as 32-bit values (fewer registers next to the O and S
   // accumulators): the dispatcher keeps calls with 2^30 or more rows or keys on SIMT, and the
@@ -135,7 +243,6 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const int common_begin = static_cast<int>(last_span.begin);
   const int common_end = static_cast<int>(first_span.end);
   const int first_block = key_begin / kBlockN;
-  const bool mask_tile_on = detail::needs_mask_tile(p);
 
   const int64_t k_phys_row = p.k_row_stride / p.kv_stride;  // one physical row of k
   const int64_t v_phys_row = p.v_row_stride / p.kv_stride;
@@ -146,24 +253,70 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      h_kv * p.v_head_stride + seq.k_row0 * v_phys_row;
 
-  const auto work_of = [&](int n_block) {
-    return key_block_work(p, mask_tile_on, b, h, m_begin, rows, n_block * kBlockN, kBlockN, key_end,
-                          common_begin, common_end);
-  };
-  // The next key block at or below n_block that is not skipped (first_block - 1 when none).
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  // The next key block at or below n_block that is not skipped (first_block - 1 when none), and
+  // its work; the whole block calls it at the same points (the ballots need every lane).
+  KeyBlockWindow& window = windows[warp];
+  if (lane == 0) window.top = -1;
+  __syncwarp();
+  if (register_work(p) == KeyBlockWork::kFixedPattern) {
+    // Read after the main loop's first barrier.
+    const int l = static_cast<int>(p.policy.block);
+    const int stride = static_cast<int>(p.kv_stride);
+    for (int row = static_cast<int>(threadIdx.x); row < kBlockM; row += kThreads) {
+      const int i = m_begin + row;
+      row_start[row] = (i - i % l + stride - 1) / stride;
+    }
+  }
   const auto next_block = [&](int n_block, KeyBlockWork& work) {
-    for (; n_block >= first_block; --n_block) {
-      work = work_of(n_block);
-      if (work != KeyBlockWork::kSkip) break;
+    while (n_block >= first_block) {
+      int top = window.top;
+      uint32_t live, partial, tile;
+      if (n_block > top || n_block <= top - 32) {
+        const int mine = n_block - lane;
+        const KeyBlockClass c =
+            mine >= first_block
+                ? classify(p, detail::needs_mask_tile(p), b, h, m_begin, rows, mine * kBlockN,
+                           kBlockN, key_end, common_begin, common_end)
+                : KeyBlockClass{false, false, false};
+        top = n_block;
+        live = __ballot_sync(0xffffffffu, c.live);
+        partial = __ballot_sync(0xffffffffu, c.partial);
+        tile = __ballot_sync(0xffffffffu, c.tile);
+        __syncwarp();  // every lane has read the old record
+        if (lane == 0) {
+          window.top = top;
+          window.live = live;
+          window.partial = partial;
+          window.tile = tile;
+        }
+        __syncwarp();
+      } else {
+        live = window.live;
+        partial = window.partial;
+        tile = window.tile;
+      }
+      const uint32_t ahead = live >> (top - n_block);  // bit 0: n_block
+      if (ahead != 0) {
+        n_block -= __ffs(ahead) - 1;
+        const int d = top - n_block;
+        // p lives in the constant bank: re-deriving the kind costs no register.
+        work = !((partial >> d) & 1u) ? KeyBlockWork::kNone
+               : (tile >> d) & 1u     ? KeyBlockWork::kMaskTile
+                                      : register_work(p);
+        return n_block;
+      }
+      n_block = top - 32;
     }
     return n_block;
   };
 
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-
+  // Rows that see no key (an empty range: a window starting past the last key) run no block.
   KeyBlockWork work = KeyBlockWork::kSkip;
-  int n_block = next_block((key_end + kBlockN - 1) / kBlockN - 1, work);
+  int n_block = key_end > key_begin ? next_block((key_end + kBlockN - 1) / kBlockN - 1, work)
+                                    : first_block - 1;
   load_tile_async<kBlockM, kHeadDim, kStride, kThreads>(q_tile, q, p.q_row_stride, rows);
   cp_async_commit();
   if (n_block >= first_block) {
@@ -216,9 +369,11 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
     if (work == KeyBlockWork::kMaskTile) {
       fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, b, h, m_begin, rows, n_begin,
                                                          key_end);
+    } else if (work == KeyBlockWork::kFixedPattern) {
+      record_summary_columns<kBlockN>(window, p, n_begin, lane);
     }
     cp_async_wait<0>();  // K of this block (and Q) has landed ...
-    __syncthreads();     // ... for every thread, the mask tile is written, V is free
+    __syncthreads();     // ... for every thread, the mask tile / summary bits are written, V free
     load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(v_tile, v + n_begin * p.v_row_stride,
                                                           p.v_row_stride, keys);
     cp_async_commit();
@@ -250,23 +405,28 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
           }
         }
       }
-    } else if (work == KeyBlockWork::kRowRange) {
-      // Keys relative to this block: row r sees [lo, hi).
+    } else if (work != KeyBlockWork::kNone) {
+      // Keys relative to this block: row r sees [lo, hi) by causal, the window and the ends.
       int lo[kRows], hi[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         lo[r] = key_begin + static_cast<int>(key_limits[r] & 0xffffu) - n_begin;
         hi[r] = key_end - static_cast<int>(key_limits[r] >> 16) - n_begin;
       }
+      if (work == KeyBlockWork::kFixedPattern) {
+        mask_fixed_pattern<kMTiles, kNTiles, kBlockN>(
+            s, window.summary, row_start + warp_row0 + lane / 4, n_begin, lo, hi, lane);
+      } else {
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
+        for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-        for (int t = 0; t < kNTiles; ++t) {
+          for (int t = 0; t < kNTiles; ++t) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = 2 * m + e / 2;
-            const int key = t * 8 + col0 + (e & 1);
-            if (key < lo[r] || key >= hi[r]) s[m][t][e] = -INFINITY;
+            for (int e = 0; e < 4; ++e) {
+              const int r = 2 * m + e / 2;
+              const int key = t * 8 + col0 + (e & 1);
+              if (key < lo[r] || key >= hi[r]) s[m][t][e] = -INFINITY;
+            }
           }
         }
       }
