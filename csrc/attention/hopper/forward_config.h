@@ -64,7 +64,11 @@ inline constexpr ForwardTile kTiles64[] = {{2, 128, 3, 2, 8}, {3, 128, 3, 2, 0},
 inline constexpr ForwardTile kTiles128[] = {
     {2, 128, 2, 2, 0}, {2, 176, 2, 1, 0}, {2, 128, 3, 1, 0}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0}};
-inline constexpr int kDefaultTile64 = 0;
+// Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
+// D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at
+// S <= 1k non-causal, and lost at S <= 1k causal; D = 128's entries were within noise of each
+// other except 1, slower at short S. benchmarks/NOTES.md has the table.
+inline constexpr int kDefaultTile64 = 1;
 inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile256 = 0;
 

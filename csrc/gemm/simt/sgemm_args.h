@@ -96,7 +96,8 @@ SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
 }
 
 // The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
-// ShippedSgemm. Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices.
+// ShippedSgemm, and FewTilesSgemm for problems with fewer ShippedSgemm tiles than SMs (sgemm.cu).
+// Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices.
 using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
 using Sgemm128x128x8Lane8x16Pf = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true>;
 using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;
@@ -104,7 +105,10 @@ using Sgemm128x256x8Pf = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Pf = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Warps16 = SgemmConfig<128, 256, 16, 64, 32, 8, 8, 1>;  // 512 threads
 using Sgemm256x128x8Pf = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true>;
-using ShippedSgemm = Sgemm128x256x8;
+// H200, bench_gemm --sgemm-variants (commit 2771218): 128x256x8 with the cross-slice prefetch
+// measured 0.90x cuBLAS at 4096^3 and 8192^3, the best of seven (benchmarks/NOTES.md).
+using ShippedSgemm = Sgemm128x256x8Pf;
+using FewTilesSgemm = Sgemm128x128x8;
 
 // The largest block height of the configurations above (for sgemm_supports' grid limit).
 inline constexpr int kSgemmMaxBlockM = 128;
