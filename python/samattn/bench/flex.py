@@ -5,6 +5,10 @@ a function after `recompile_limit` (8 by default) traces: later calls then run F
 eager fallback, which materialises the score matrix and is many times slower (forward and
 backward). A benchmark sweep easily passes 8 shapes, so the limit is raised, and a hit raises an
 error (reported as "n/a") instead of silently timing the fallback.
+
+The benchmarks time a backward by calling it repeatedly on one forward graph (retain_graph=True);
+AOTAutograd's donated buffers (the backward reusing the saved activations' memory) forbid that,
+so they are turned off: a memory saving, not a speed one.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ def compiled_flex_attention():
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
                                                  _RECOMPILE_LIMIT)
         config.fail_on_recompile_limit_hit = True
+        import torch._functorch.config
+        torch._functorch.config.donated_buffer = False
         compiled = torch.compile(flex_attention, dynamic=False)
 
         def call(*args, **kwargs):

@@ -33,11 +33,16 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
             budget_ms: float = 400.0, warmup_ms: float = 25.0) -> Timing:
     """Times calls[i % len(calls)] one at a time with CUDA events.
 
-    Each element of `calls` runs the same computation on a different input set. Runs until
-    `budget_ms` of measured time or `max_reps`, and at least `min_reps` times.
+    Each element of `calls` runs the same computation on a different input set. The warm-up
+    (at least 3 calls and `warmup_ms`) also estimates one call's time, which sets the repetition
+    count: `budget_ms` of measured time, clamped to [min_reps, max_reps]. The timed calls are then
+    queued back to back, each between its own pair of events, and the host synchronises once at
+    the end: the host runs ahead of the GPU, so a rep's time is its kernels' time and not the
+    host's launch latency after an idle GPU (which a synchronisation per rep would add, and which
+    a busy host inflates by milliseconds).
     """
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     warm = 0
     while True:
@@ -47,17 +52,16 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
         end.synchronize()
         if warm >= 3 and start.elapsed_time(end) >= warmup_ms:
             break
-    times = []
-    total = 0.0
-    while len(times) < min_reps or (len(times) < max_reps and total < budget_ms):
-        call = calls[len(times) % len(calls)]
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        elapsed = start.elapsed_time(end)
-        times.append(elapsed)
-        total += elapsed
+    per_call = start.elapsed_time(end) / warm
+    reps = int(min(max_reps, max(min_reps, budget_ms // max(per_call, 1e-3))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    for i, (before, after) in enumerate(events):
+        before.record()
+        calls[i % len(calls)]()
+        after.record()
+    torch.cuda.synchronize()
+    times = [before.elapsed_time(after) for before, after in events]
     return Timing(statistics.median(times), min(times), max(times), len(times))
 
 
