@@ -92,9 +92,10 @@ def plot(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
         return []
     groups = {}
     for row in rows:
-        # Latency rows (small shapes, host time) are not comparable with device-time rows.
+        # Latency rows (small shapes, host time) are not comparable with device-time rows; the
+        # strided suite's stride sweep (kv_stride 1 included) is a sweep over strides, not lengths.
         if (row.get("status") == "ok" and row.get("kv_stride") == 1 and "mask" not in row
-                and row.get("timing") != "host latency"):
+                and row.get("timing") != "host latency" and row.get("suite") != "strided"):
             key = (row["dtype"], row["head_dim"], row["causal"], row["direction"])
             groups.setdefault(key, []).append(row)
     groups = {k: v for k, v in groups.items() if len({r["seqlen"] for r in v}) > 1}
@@ -121,7 +122,7 @@ def plot(rows: List[dict], env: dict, out_dir: str, name: str) -> List[str]:
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     fig.suptitle(f"{env['gpu']}, torch {env['torch']}, samattn {env['commit']}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))  # room for the suptitle
     path = os.path.join(out_dir, f"{name}_tflops.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
