@@ -9,10 +9,8 @@
 // GEMMs are issued back to back and only S_j is waited for. Across warpgroups, named barriers
 // pass a turn around (ping-pong): a warpgroup issues its GEMM pair only in its turn, so one
 // warpgroup's softmax runs while the other's GEMMs hold the tensor cores. The output is
-// normalised in registers and stored straight to global memory (plain stores drain on their own).
-// A tile's last turn also issues the next tile's first S (its Q and first K are loaded by then),
-// so the stores and that S's softmax overlap tensor-core work instead of idling it at every
-// tile boundary.
+// normalised in registers and stored straight to global memory (plain stores drain on their own;
+// the warpgroup goes on to its next tile, whose Q and first K/V the producer has already loaded).
 #pragma once
 
 #include "attention/hopper/forward_softmax.cuh"
@@ -104,218 +102,136 @@ __device__ __forceinline__ void consumer_loop(
   int tile_iteration = 0;
   turn.start();
 
-  // This block's tiles in the producer's order: units blockIdx.x, + gridDim.x, ...; one or two
-  // tiles each. next_tile advances (unit, half) and says whether a tile is left.
-  int32_t unit = blockIdx.x;
-  int half = 0;
-  auto next_tile = [&](int32_t& u, int& h) {
-    if (h + 1 < schedule.tiles_in(u)) {
-      ++h;
-    } else {
-      u += gridDim.x;
-      h = 0;
-    }
-    return u < schedule.units;
-  };
-  TileCoords c{};
-  int first_masked_block = 0;
-  auto enter_tile = [&](const TileCoords& coords) {
-    c = coords;
-    first_masked_block = first_masked_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row);
-  };
-  if (unit < schedule.units) {
-    enter_tile(tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(unit, half)));
-  }
+  for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
+    const int tiles = schedule.tiles_in(unit);
+    for (int half = 0; half < tiles; ++half, ++tile_iteration) {
+      const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(unit, half));
+      const int first_masked_block =
+          first_masked_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row);
 
-  // Scores of key block n_block (in tSrS) -> probabilities; rescale as in RowSoftmax.
-  auto softmax_block = [&](int n_block, float(&rescale)[2]) {
-    const bool needs_mask = n_block >= first_masked_block;
-    if (!needs_mask && fuse_scale) {
-      constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
-      if constexpr (kFmaShare > 0) {
-        if (params.options.exp2_on_fma) {
-          softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
+      // Scores of key block n_block (in tSrS) -> probabilities; rescale as in RowSoftmax.
+      auto softmax_block = [&](int n_block, float(&rescale)[2]) {
+        const bool needs_mask = n_block >= first_masked_block;
+        if (!needs_mask && fuse_scale) {
+          constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
+          if constexpr (kFmaShare > 0) {
+            if (params.options.exp2_on_fma) {
+              softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
+              return;
+            }
+          }
+          softmax.update<0>(tSrS, scale_log2, rescale);
           return;
         }
-      }
-      softmax.update<0>(tSrS, scale_log2, rescale);
-      return;
-    }
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-    if (needs_mask) {
-      int limit[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-        limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
-      }
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
-      }
-    }
-    softmax.update<0>(tSrS, 1.f, rescale);
-  };
-  auto convert_p = [&]() {
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS) / 2; ++i) {
-      p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
-    }
-  };
-  // Normalise and store the rows of tile c inside the tensor. A row that saw no key (sum 0)
-  // gets zeros and lse = -inf; a NaN sum stays NaN.
-  auto store_output = [&]() {
-    float total[2], inverse[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      total[r] = quad_sum(softmax.row_sum[r]);
-      inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
-    }
-    Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
-                   int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); i += 2) {
-      const int row = get<0>(tOcO(i));
-      if (row < c.rows) {
-        const float scale = inverse[(i / 2) % 2];
-        *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
-            pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
-      }
-    }
-    if (p.lse != nullptr && lane % 4 == 0) {
-      constexpr float kLn2 = 0.6931471805599453f;
-      float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
-                   int64_t{c.h} * p.lse_head_stride + c.m_begin;
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        if (local_row[r] < c.rows) {
-          lse[local_row[r]] =
-              total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
+        if (needs_mask) {
+          int limit[2];
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+            limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+          }
+          CUTE_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
+          }
         }
-      }
-    }
-  };
+        softmax.update<0>(tSrS, 1.f, rescale);
+      };
+      auto convert_p = [&]() {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS) / 2; ++i) {
+          p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+        }
+      };
 
-  // True when the previous tile's last turn already computed this tile's first S and its
-  // softmax (the look-ahead below).
-  bool first_block_done = false;
-  while (unit < schedule.units) {
-    const int q_buffer = tile_iteration % Traits::kQBuffers;
-    auto& q_empty = shared.barrier_q_empty[q_buffer];
-    Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-    float rescale[2];
-    if (!first_block_done) {
       softmax.reset();
+      const int q_buffer = tile_iteration % Traits::kQBuffers;
+      auto& q_empty = shared.barrier_q_empty[q_buffer];
+      Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
       shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
       if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
         q_empty.arrive();
         clear(tOrO);
       } else {
         // The first (last in key order) block: S, softmax, P; no output yet.
+        int n_block = c.n_blocks - 1;
         pipeline_k.consumer_wait(state);
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
             mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
         pipeline_k.consumer_release(state);
-        if (c.n_blocks == 1) q_empty.arrive();
-        softmax_block(c.n_blocks - 1, rescale);
-        convert_p();
-      }
-    }
-    first_block_done = false;
-    int32_t next_unit = unit;
-    int next_half = half;
-    const bool has_next = next_tile(next_unit, next_half);
-    TileCoords next_coords{};
-    if (has_next) {
-      next_coords = tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(next_unit, next_half));
-    }
-    // Look-ahead: the tile's last turn also issues the next tile's first S = Q K^T, whose
-    // tensor-core time then covers this tile's output stores, and whose softmax runs in the
-    // other warpgroups' turns: without it every tile boundary leaves the tensor cores idle for
-    // a softmax and a store in all warpgroups at once (the warpgroups share the tile). It needs
-    // the next Q in its own buffer (two or more Q buffers), so the producer has it loaded.
-    const bool look_ahead =
-        Traits::kQBuffers > 1 && c.n_blocks > 0 && has_next && next_coords.n_blocks > 0;
-    const int next_q_buffer = (tile_iteration + 1) % Traits::kQBuffers;
-
-    if (c.n_blocks > 0) {
-      // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
-      // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
-      // tensor cores still work on the second GEMM.
-      for (int n_block = c.n_blocks - 2; n_block >= 0; --n_block) {
-        typename Traits::PipelineState next = state;
-        ++next;
-        turn.wait();
-        pipeline_k.consumer_wait(next);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
-        pipeline_v.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
-            /*zero_init=*/n_block == c.n_blocks - 2);
-        turn.pass();
-        warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
-        finish_operands(tSrS);
-        pipeline_k.consumer_release(next);
-        if (n_block == 0) q_empty.arrive();  // the tile's last use of Q
+        if (n_block == 0) q_empty.arrive();
+        float rescale[2];
         softmax_block(n_block, rescale);
-        warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
-        finish_operands(tOrO, tOrP);
+        convert_p();
+        // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
+        // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
+        // tensor cores still work on the second GEMM.
+        for (--n_block; n_block >= 0; --n_block) {
+          typename Traits::PipelineState next = state;
+          ++next;
+          turn.wait();
+          pipeline_k.consumer_wait(next);
+          warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+              mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
+          pipeline_v.consumer_wait(state);
+          warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
+              mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
+              /*zero_init=*/n_block == c.n_blocks - 2);
+          turn.pass();
+          warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
+          finish_operands(tSrS);
+          pipeline_k.consumer_release(next);
+          if (n_block == 0) q_empty.arrive();  // the tile's last use of Q
+          softmax_block(n_block, rescale);
+          warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
+          finish_operands(tOrO, tOrP);
+          pipeline_v.consumer_release(state);
+          CUTE_UNROLL
+          for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
+          convert_p();
+          state = next;
+        }
+        pipeline_v.consumer_wait(state);
+        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
+            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
         pipeline_v.consumer_release(state);
+        ++state;
+      }
+
+      // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
+      // zeros and lse = -inf; a NaN sum stays NaN.
+      float total[2], inverse[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        total[r] = quad_sum(softmax.row_sum[r]);
+        inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
+      }
+      Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
+                     int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 2) {
+        const int row = get<0>(tOcO(i));
+        if (row < c.rows) {
+          const float scale = inverse[(i / 2) % 2];
+          *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+              pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+        }
+      }
+      if (p.lse != nullptr && lane % 4 == 0) {
+        constexpr float kLn2 = 0.6931471805599453f;
+        float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
+                     int64_t{c.h} * p.lse_head_stride + c.m_begin;
         CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
-        convert_p();
-        state = next;
+        for (int r = 0; r < 2; ++r) {
+          if (local_row[r] < c.rows) {
+            lse[local_row[r]] =
+                total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
+          }
+        }
       }
-      // The tile's last turn: O (+)= P_0 V_0, and with the look-ahead the next tile's first S.
-      // The two cases are separate straight-line paths: ptxas then sees which wgmma each wait
-      // completes (across a run-time branch it would serialise the wgmmas).
-      typename Traits::PipelineState next = state;
-      ++next;
-      turn.wait();
-      pipeline_v.consumer_wait(state);
-      if (look_ahead) {
-        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
-        shared.barrier_q_full[next_q_buffer].wait(((tile_iteration + 1) / Traits::kQBuffers) & 1);
-        pipeline_k.consumer_wait(next);
-        Tensor tSrQ_next = tSrQ(_, _, _, next_q_buffer);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_next, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
-        turn.pass();
-        warpgroup_wait<1>();  // O has landed; the next tile's S may still be running
-        finish_operands(tOrO, tOrP);
-        pipeline_v.consumer_release(state);
-        state = next;
-        store_output();
-        softmax.reset();
-        enter_tile(next_coords);
-        warpgroup_wait<0>();  // the next tile's first S has landed
-        finish_operands(tSrS);
-        pipeline_k.consumer_release(state);
-        if (c.n_blocks == 1) shared.barrier_q_empty[next_q_buffer].arrive();
-        softmax_block(c.n_blocks - 1, rescale);
-        convert_p();
-        first_block_done = true;
-      } else {
-        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
-        turn.pass();
-        warpgroup_wait<0>();
-        finish_operands(tOrO, tOrP);
-        pipeline_v.consumer_release(state);
-        state = next;
-        store_output();
-        if (has_next) enter_tile(next_coords);
-      }
-    } else {
-      store_output();
-      if (has_next) enter_tile(next_coords);
     }
-    unit = next_unit;
-    half = next_half;
-    ++tile_iteration;
   }
 }
 
