@@ -24,11 +24,12 @@ constexpr bool is_backward_head_dim(int64_t head_dim) {
 // where dK and dV alone take 128 registers.
 constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
 
-// Kernel variants built besides the default, for bf16 at head_dim 64 only and selected by the
-// benchmark-only environment variable SAMATTN_HOPPER_BWD_VARIANT, to measure alternatives in
-// one process: kBlockM64, the 64-row steps of the first version; kDqPerWarpgroup, the 128-row
-// kernel with each consumer warpgroup computing and adding its own partial dQ (no barrier
-// between the warpgroups).
+// Kernel variants built besides the default in a -DSAMATTN_HOPPER_TUNING=ON build (benchmarks),
+// for bf16 at head_dim 64 only and selected by the environment variable
+// SAMATTN_HOPPER_BWD_VARIANT, to measure alternatives in one process (both measured slower than
+// the default on the H200, benchmarks/NOTES.md): kBlockM64, the 64-row steps of the first
+// version; kDqPerWarpgroup, the 128-row kernel with each consumer warpgroup computing and adding
+// its own partial dQ (no barrier between the warpgroups).
 enum class BackwardVariant { kDefault, kBlockM64, kDqPerWarpgroup };
 
 // One block = (batch, kv head, kBlockN = 128 keys): a producer warpgroup (one thread issues the

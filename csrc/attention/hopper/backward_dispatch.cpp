@@ -113,6 +113,11 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
                 "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, block_m64 or "
                 "dq_per_warpgroup; got '",
                 text, "'");
+#ifndef SAMATTN_HOPPER_TUNING
+  SAMATTN_CHECK(false, "SAMATTN_HOPPER_BWD_VARIANT=", text,
+                " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has only "
+                "the default kernel)");
+#endif
   SAMATTN_CHECK(dtype == DType::kBFloat16 && head_dim == 64, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " is built for bfloat16 with head_dim 64 only; got ", dtype_name(dtype),
                 " head_dim ", head_dim);

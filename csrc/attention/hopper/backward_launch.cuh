@@ -103,9 +103,15 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
     SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
   }
   if (f.kept_keys > 0) {
-    // The benchmark-only variants, built for bf16 at head_dim 64 alone to keep the build small;
-    // backward_variant_from_environment() has refused them anywhere else.
-    if constexpr (kDType == DType::kBFloat16 && kHeadDim == 64) {
+    // The benchmark-only variants, built for bf16 at head_dim 64 alone and only in a build with
+    // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused them anywhere
+    // else.
+#ifdef SAMATTN_HOPPER_TUNING
+    constexpr bool kVariantsBuilt = kDType == DType::kBFloat16 && kHeadDim == 64;
+#else
+    constexpr bool kVariantsBuilt = false;
+#endif
+    if constexpr (kVariantsBuilt) {
       if (variant == BackwardVariant::kBlockM64) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 64>>(p, stream);
       } else if (variant == BackwardVariant::kDqPerWarpgroup && p.dq_accum != nullptr) {
@@ -116,7 +122,8 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
       }
     } else {
       SAMATTN_CHECK(variant == BackwardVariant::kDefault,
-                    "the Hopper backward variants are built for bfloat16 head_dim 64 only");
+                    "the Hopper backward variants are built for bfloat16 head_dim 64 only, with "
+                    "-DSAMATTN_HOPPER_TUNING=ON");
       bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
     }
   }
