@@ -24,5 +24,10 @@ const SgemmVariant kSgemmVariants[] = {
     {"256x128x8_w64x64_t8x16_pf", &run<Sgemm256x128x8Pf>},
     {"128x128x8_w64x64_t8x16_pf", &run<Sgemm128x128x8Lane8x16Pf>},
     {"128x128x8_w64x32_t8x8", &run<Sgemm128x128x8>},
+    {"128x256x8_w64x64_t8x16_s4", &run<Sgemm128x256x8Stages4>},
+    {"128x256x16_w64x64_t8x16_s3", &run<Sgemm128x256x16Stages3>},
+    {"128x128x8_w64x32_t8x8_s4", &run<Sgemm128x128x8Stages4>},
+    {"128x128x16_w64x32_t8x8_s3", &run<Sgemm128x128x16Stages3>},
+    {"128x128x8_w64x64_t8x16_s4", &run<Sgemm128x128x8Lane8x16Stages4>},
 };
 const int kSgemmVariantCount = sizeof(kSgemmVariants) / sizeof(kSgemmVariants[0]);

@@ -181,6 +181,20 @@ void check_sgemm_config() {
       for (int c : count) ASSERT_EQ(c, 1);
     }
   }
+  // cp.async ring: each element of a k-fast slice copied by exactly one (thread, element).
+  if constexpr (Cfg::kStages > 0) {
+    for (const int mn_extent : {Cfg::kBlockM, Cfg::kBlockN}) {
+      std::vector<int> count(mn_extent * Cfg::kBlockK, 0);
+      for (int tid = 0; tid < Cfg::kThreads; ++tid) {
+        for (int e = 0; e < mn_extent / Cfg::kElemRows; ++e) {
+          const VectorSlot s = element_slot<Cfg>(tid, e);
+          ASSERT_TRUE(s.mn < mn_extent && s.k < Cfg::kBlockK);
+          ++count[s.mn * Cfg::kBlockK + s.k];
+        }
+      }
+      for (int c : count) ASSERT_EQ(c, 1);
+    }
+  }
   // Lanes: every element of the block tile owned by exactly one lane; each quarter-warp's
   // fragment reads (one float4 per sub-tile) conflict-free.
   std::vector<int> owner(Cfg::kBlockM * Cfg::kBlockN, 0);
@@ -219,6 +233,11 @@ TEST(GemmSgemmLayout, EveryConfigCoversItsTiles) {
   check_sgemm_config<Sgemm128x256x16Pf>();
   check_sgemm_config<Sgemm128x256x16Warps16>();
   check_sgemm_config<Sgemm256x128x8Pf>();
+  check_sgemm_config<Sgemm128x256x8Stages4>();
+  check_sgemm_config<Sgemm128x256x16Stages3>();
+  check_sgemm_config<Sgemm128x128x8Stages4>();
+  check_sgemm_config<Sgemm128x128x16Stages3>();
+  check_sgemm_config<Sgemm128x128x8Lane8x16Stages4>();
 }
 
 }  // namespace

@@ -29,13 +29,6 @@
 
 namespace samattn::tensor_core {
 
-// 4-byte global -> shared copy (through L1); with `valid` false the destination is zero-filled.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-
 // Shared-memory carve-up of both kernels (BackwardConfig): four 64-row tiles, dS, lse, D, and
 // (masked kernels, calls with a pattern, block map or element mask) the mask tile.
 template <typename Element, int kHeadDim>

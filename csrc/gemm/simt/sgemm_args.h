@@ -37,14 +37,21 @@ SgemmArgs make_sgemm_args(const GemmParams& params);
 // kThreadN accumulators (4 x 4 sub-tiles); kMinBlocksPerSm bounds the registers. With
 // kPrefetchAcrossSlices a lane loads the next slice's first fragments right after the slice
 // barrier and before the current slice's last FMAs (sgemm_kernel.cuh), else after the barrier.
+// kStages = 0: slices go through registers into two shared buffers; kStages >= 2: cp.async
+// copies them straight into a ring of kStages buffers, kStages - 1 slices ahead (the prefetch
+// across slices is then always on).
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kWarpM_, int kWarpN_, int kThreadM_,
-          int kThreadN_, int kMinBlocksPerSm_, bool kPrefetchAcrossSlices_ = false>
+          int kThreadN_, int kMinBlocksPerSm_, bool kPrefetchAcrossSlices_ = false,
+          int kStages_ = 0>
 struct SgemmConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_;
   static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
   static constexpr int kThreadM = kThreadM_, kThreadN = kThreadN_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
-  static constexpr bool kPrefetchAcrossSlices = kPrefetchAcrossSlices_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kPrefetchAcrossSlices = kPrefetchAcrossSlices_ || kStages > 0;
+  static constexpr int kBuffers = kStages > 0 ? kStages : 2;
+  static_assert(kStages == 0 || kStages >= 2, "a cp.async ring needs two or more stages");
   static constexpr int kWarpsM = kBlockM / kWarpM, kWarpsN = kBlockN / kWarpN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kLanesM = kWarpM / kThreadM, kLanesN = kWarpN / kThreadN;
@@ -60,8 +67,16 @@ struct SgemmConfig {
   static_assert(kVecsA >= 1 && kVecsA * kThreads * 4 == kBlockM * kBlockK, "A loader split");
   static_assert(kVecsB >= 1 && kVecsB * kThreads * 4 == kBlockN * kBlockK, "B loader split");
   static_assert(kBlockK % 4 == 0, "k-fast operands load float4 along k");
-  // Two slices of A and B (dynamic shared memory; above 48 KiB the launch opts in).
-  static constexpr int kSmemBytes = 2 * kBlockK * (kLdA + kLdB) * static_cast<int>(sizeof(float));
+  // cp.async copies of a k-fast operand: element (mn, k) of a slice by thread
+  // (mn % kElemRows) * kBlockK + k, kElemsA (kElemsB) elements per thread.
+  static constexpr int kElemRows = kThreads / kBlockK;
+  static constexpr int kElemsA = kBlockM / kElemRows, kElemsB = kBlockN / kElemRows;
+  static_assert(kStages == 0 || (kThreads % kBlockK == 0 && kBlockM % kElemRows == 0 &&
+                                 kBlockN % kElemRows == 0),
+                "element copies tile the slice");
+  // kBuffers slices of A and B (dynamic shared memory; above 48 KiB the launch opts in).
+  static constexpr int kSmemBytes =
+      kBuffers * kBlockK * (kLdA + kLdB) * static_cast<int>(sizeof(float));
   static_assert(!kPrefetchAcrossSlices || kBlockK % 2 == 0, "fragment buffers alternate per k");
 };
 
@@ -77,6 +92,14 @@ template <int kMN, int kK>
 SAMATTN_HOST_DEVICE VectorSlot vector_slot(int index, bool k_fast) {
   if (k_fast) return {index / (kK / 4), index % (kK / 4) * 4};
   return {index % (kMN / 4) * 4, index / (kMN / 4)};
+}
+
+// Element `e` of thread `tid`'s cp.async copies of a k-fast operand's slice (kStages > 0): a
+// warp's lanes take kBlockK consecutive k of 32 / kBlockK rows (32-byte segments of global
+// memory), landing transposed in banks 4 k + mn, conflict-free for kBlockK = 8.
+template <typename Cfg>
+SAMATTN_HOST_DEVICE VectorSlot element_slot(int tid, int e) {
+  return {tid / Cfg::kBlockK + e * Cfg::kElemRows, tid % Cfg::kBlockK};
 }
 
 // The block-tile row and column of thread `tid`'s first 4 x 4 sub-tile; its sub-tile (i, j)
@@ -97,7 +120,7 @@ SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
 
 // The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
 // ShippedSgemm, and FewTilesSgemm for problems with fewer ShippedSgemm tiles than SMs (sgemm.cu).
-// Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices.
+// Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices, "Stages" = cp.async ring.
 using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
 using Sgemm128x128x8Lane8x16Pf = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true>;
 using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;
@@ -105,6 +128,11 @@ using Sgemm128x256x8Pf = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Pf = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Warps16 = SgemmConfig<128, 256, 16, 64, 32, 8, 8, 1>;  // 512 threads
 using Sgemm256x128x8Pf = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true>;
+using Sgemm128x256x8Stages4 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 4>;
+using Sgemm128x256x16Stages3 = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true, 3>;
+using Sgemm128x128x8Stages4 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2, true, 4>;
+using Sgemm128x128x16Stages3 = SgemmConfig<128, 128, 16, 64, 32, 8, 8, 2, true, 3>;
+using Sgemm128x128x8Lane8x16Stages4 = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true, 4>;
 // H200, bench_gemm --sgemm-variants (commit 2771218): 128x256x8 with the cross-slice prefetch
 // measured 0.90x cuBLAS at 4096^3 and 8192^3, the best of seven (benchmarks/NOTES.md).
 using ShippedSgemm = Sgemm128x256x8Pf;

@@ -8,17 +8,25 @@
 // read eight consecutive float4 of A (or one broadcast float4) and never conflict on a bank. Per k
 // step a lane loads kThreadM + kThreadN floats and issues kThreadM * kThreadN FFMAs.
 //
-// The next slice's global loads are issued into registers before the current slice's FMAs and
-// stored to the other buffer after them (one barrier per slice); kPrefetchAcrossSlices also
-// moves the next slice's first fragment loads ahead of the slice's last FMAs. Each operand is
-// walked along its unit (or smaller) stride: with a unit stride, aligned addresses and a slice
-// inside the matrix, one float4 load per vector; otherwise bounds-checked scalar loads at any
-// strides. k-fast A and k-fast B are transposed on their way into shared memory (4 scalar stores
-// per vector; the rows are padded by 4 floats so these stores do not conflict).
+// Register staging (kStages = 0): the next slice's global loads are issued into registers
+// before the current slice's FMAs and stored to the other buffer after them (one barrier per
+// slice); kPrefetchAcrossSlices also moves the next slice's first fragment loads ahead of the
+// slice's last FMAs. Each operand is walked along its unit (or smaller) stride: with a unit
+// stride, aligned addresses and a slice inside the matrix, one float4 load per vector; otherwise
+// bounds-checked scalar loads at any strides. k-fast A and k-fast B are transposed on their way
+// into shared memory (4 scalar stores per vector; the rows are padded by 4 floats so these
+// stores do not conflict).
+//
+// cp.async ring (kStages >= 2): no registers in between. An mn-fast operand is copied 16 bytes
+// at a time where the vector is whole, aligned and inside, else element by element; a k-fast
+// operand element by element (4-byte copies land transposed, which a 16-byte copy cannot do).
+// Elements outside the matrix are zero-filled (0 source bytes, read from the matrix's base).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include "attention/tensor_core/mma.cuh"
 #include "gemm/simt/sgemm_args.h"
 
 namespace samattn::detail::simt {
@@ -59,7 +67,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   extern __shared__ __align__(16) float sgemm_smem[];
   float(*As)[BK][Cfg::kLdA] = reinterpret_cast<float(*)[BK][Cfg::kLdA]>(sgemm_smem);
   float(*Bs)[BK][Cfg::kLdB] =
-      reinterpret_cast<float(*)[BK][Cfg::kLdB]>(sgemm_smem + 2 * BK * Cfg::kLdA);
+      reinterpret_cast<float(*)[BK][Cfg::kLdB]>(sgemm_smem + Cfg::kBuffers * BK * Cfg::kLdA);
 
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = static_cast<int>(blockIdx.y) * BM;
@@ -169,10 +177,99 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   };
 
   const int64_t slices = (args.k + BK - 1) / BK;
-  load_slice(0);
-  store_slice(0);
-  __syncthreads();
-  if constexpr (Cfg::kPrefetchAcrossSlices) {
+  if constexpr (Cfg::kStages > 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // cp.async needs sm_80: launch_sgemm never runs a staged configuration below it
+#else
+    constexpr int kStages = Cfg::kStages;
+    // The zero-fill source of elements outside the matrix: any readable address will do.
+    const float* a_base = args.a + batch * args.a_bs;
+    const float* b_base = args.b + batch * args.b_bs;
+    // One element of a k-fast operand (row mn of the tile, k index k of slice k0) into tile[k][mn].
+    auto copy_element = [&](float* tile, int kLd, const float* block, const float* base,
+                            int64_t mn_stride, int64_t k_stride, int mn, int k, int mn_left,
+                            int64_t k0) {
+      const bool inside = mn < mn_left && k0 + k < args.k;
+      const float* src = inside ? block + mn * mn_stride + (k0 + k) * k_stride : base;
+      tensor_core::cp_async_4(tensor_core::shared_address(tile + k * kLd + mn), src, inside);
+    };
+    // Slice `slice` of one operand into `tile` (kMN x BK of the stage, k-major).
+    auto copy_operand = [&](auto mn_extent, float* tile, const float* block, const float* base,
+                            bool k_fast, bool vec, int64_t mn_stride, int64_t k_stride,
+                            int mn_left, int64_t slice) {
+      constexpr int kMN = decltype(mn_extent)::value;
+      constexpr int kLd = kMN + Cfg::kPad;
+      const int64_t k0 = slice * BK;
+      if (k_fast) {
+#pragma unroll
+        for (int e = 0; e < kMN / Cfg::kElemRows; ++e) {
+          const VectorSlot slot = element_slot<Cfg>(tid, e);
+          copy_element(tile, kLd, block, base, mn_stride, k_stride, slot.mn, slot.k, mn_left, k0);
+        }
+        return;
+      }
+#pragma unroll
+      for (int v = 0; v < kMN * BK / 4 / Cfg::kThreads; ++v) {
+        const VectorSlot slot = vector_slot<kMN, BK>(tid + v * Cfg::kThreads, false);
+        if (vec && slot.mn + 4 <= mn_left && k0 + slot.k < args.k) {
+          const float* src = block + slot.mn * mn_stride + (k0 + slot.k) * k_stride;
+          tensor_core::cp_async_16(tensor_core::shared_address(tile + slot.k * kLd + slot.mn),
+                                   src, true);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            copy_element(tile, kLd, block, base, mn_stride, k_stride, slot.mn + e, slot.k,
+                         mn_left, k0);
+          }
+        }
+      }
+    };
+    auto copy_slice = [&](int64_t slice, int stage) {
+      copy_operand(std::integral_constant<int, BM>{}, &As[stage][0][0], a_block, a_base,
+                   a_k_fast, args.a_vec, args.a_rs, args.a_cs, m_left, slice);
+      copy_operand(std::integral_constant<int, BN>{}, &Bs[stage][0][0], b_block, b_base,
+                   b_k_fast, args.b_vec, args.b_cs, args.b_rs, n_left, slice);
+    };
+    // Slice s lives in stage s % kStages. Iteration s first copies slice s + kStages - 1 into
+    // the stage slice s - 1 used (every lane passed the barrier that ended iteration s - 1, so
+    // its reads are done); its last k step waits for slice s + 1 (one cp.async group per
+    // slice, empty ones included, so the count is the same in every iteration), crosses the
+    // barrier, and loads slice s + 1's first fragments before its own FMAs.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < slices) copy_slice(s, s);
+      tensor_core::cp_async_commit();
+    }
+    tensor_core::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    float4 fa[2][Cfg::kSubM], fb[2][Cfg::kSubN];
+    load_fragments(0, 0, fa[0], fb[0]);
+    int read_stage = 0, write_stage = kStages - 1;
+    for (int64_t s = 0; s < slices; ++s) {
+      if (s + kStages - 1 < slices) copy_slice(s + kStages - 1, write_stage);
+      tensor_core::cp_async_commit();
+      const int next_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+#pragma unroll
+      for (int kk = 0; kk < BK; ++kk) {
+        const int cur = kk & 1;
+        if (kk + 1 < BK) {
+          load_fragments(read_stage, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
+        } else {
+          tensor_core::cp_async_wait<kStages - 2>();
+          __syncthreads();
+          if (s + 1 < slices) load_fragments(next_stage, 0, fa[cur ^ 1], fb[cur ^ 1]);
+        }
+        multiply(fa[cur], fb[cur]);
+      }
+      write_stage = read_stage;
+      read_stage = next_stage;
+    }
+    tensor_core::cp_async_wait<0>();
+#endif
+  } else if constexpr (Cfg::kPrefetchAcrossSlices) {
+    load_slice(0);
+    store_slice(0);
+    __syncthreads();
     // Fragments alternate between two register sets; the set for k step kk + 1 is loaded
     // before kk's FMAs. The last k step stores the next slice, waits at the barrier and loads
     // the next slice's first fragments before its own FMAs, so their latency hides behind
@@ -197,6 +294,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       }
     }
   } else {
+    load_slice(0);
+    store_slice(0);
+    __syncthreads();
     for (int64_t s = 0; s < slices; ++s) {
       const int buf = static_cast<int>(s & 1);
       if (s + 1 < slices) load_slice((s + 1) * BK);
