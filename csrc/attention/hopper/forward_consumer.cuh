@@ -210,34 +210,13 @@ __device__ __forceinline__ void consumer_loop(
       }
       Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
                      int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
-      // Every pair is packed before the first store, each into its own register: with one
-      // register carrying every store's data (the compiler's choice for a loop that checked
-      // each row), each store waited for the previous one to read it, and at 8 key blocks per
-      // tile these stores took ~14% of the consumers' stall samples (ncu, benchmarks/NOTES.md).
-      uint32_t packed[size(tOrO) / 2];
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 2) {
-        const float scale = inverse[(i / 2) % 2];
-        packed[i / 2] = pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
-      }
-      // wgmma's accumulator order: element i = 4 g + 2 h + e sits in row half h and column
-      // 8 g + e of the thread's first (tOcO(0)), so every store is one of two row pointers
-      // plus a constant (a coordinate read from tOcO(i) left each store its own address).
-      const int o_row[2] = {get<0>(tOcO(0)), get<0>(tOcO(2))};
-      const int o_col = get<1>(tOcO(0));
-      Element* o_row_out[2] = {out + o_row[0] * p.o_row_stride + o_col,
-                               out + o_row[1] * p.o_row_stride + o_col};
-      if (c.rows >= warpgroup_first_row + 64) {  // the warpgroup's rows all exist: no checks
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); i += 2) {
-          *reinterpret_cast<uint32_t*>(o_row_out[(i / 2) % 2] + 8 * (i / 4)) = packed[i / 2];
-        }
-      } else {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); i += 2) {
-          if (o_row[(i / 2) % 2] < c.rows) {
-            *reinterpret_cast<uint32_t*>(o_row_out[(i / 2) % 2] + 8 * (i / 4)) = packed[i / 2];
-          }
+        const int row = get<0>(tOcO(i));
+        if (row < c.rows) {
+          const float scale = inverse[(i / 2) % 2];
+          *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+              pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
         }
       }
       if (p.lse != nullptr && lane % 4 == 0) {
