@@ -28,6 +28,7 @@
 
 #include "attention/tensor_core/mma.cuh"
 #include "gemm/simt/sgemm_args.h"
+#include "gemm/simt/sgemm_async_loader.cuh"
 
 namespace samattn::detail::simt {
 
@@ -182,53 +183,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     __trap();  // cp.async needs sm_80: launch_sgemm never runs a staged configuration below it
 #else
     constexpr int kStages = Cfg::kStages;
-    // The zero-fill source of elements outside the matrix: any readable address will do.
-    const float* a_base = args.a + batch * args.a_bs;
-    const float* b_base = args.b + batch * args.b_bs;
-    // One element of a k-fast operand (row mn of the tile, k index k of slice k0) into tile[k][mn].
-    auto copy_element = [&](float* tile, int kLd, const float* block, const float* base,
-                            int64_t mn_stride, int64_t k_stride, int mn, int k, int mn_left,
-                            int64_t k0) {
-      const bool inside = mn < mn_left && k0 + k < args.k;
-      const float* src = inside ? block + mn * mn_stride + (k0 + k) * k_stride : base;
-      tensor_core::cp_async_4(tensor_core::shared_address(tile + k * kLd + mn), src, inside);
-    };
-    // Slice `slice` of one operand into `tile` (kMN x BK of the stage, k-major).
-    auto copy_operand = [&](auto mn_extent, float* tile, const float* block, const float* base,
-                            bool k_fast, bool vec, int64_t mn_stride, int64_t k_stride,
-                            int mn_left, int64_t slice) {
-      constexpr int kMN = decltype(mn_extent)::value;
-      constexpr int kLd = kMN + Cfg::kPad;
-      const int64_t k0 = slice * BK;
-      if (k_fast) {
-#pragma unroll
-        for (int e = 0; e < kMN / Cfg::kElemRows; ++e) {
-          const VectorSlot slot = element_slot<Cfg>(tid, e);
-          copy_element(tile, kLd, block, base, mn_stride, k_stride, slot.mn, slot.k, mn_left, k0);
-        }
-        return;
-      }
-#pragma unroll
-      for (int v = 0; v < kMN * BK / 4 / Cfg::kThreads; ++v) {
-        const VectorSlot slot = vector_slot<kMN, BK>(tid + v * Cfg::kThreads, false);
-        if (vec && slot.mn + 4 <= mn_left && k0 + slot.k < args.k) {
-          const float* src = block + slot.mn * mn_stride + (k0 + slot.k) * k_stride;
-          tensor_core::cp_async_16(tensor_core::shared_address(tile + slot.k * kLd + slot.mn),
-                                   src, true);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            copy_element(tile, kLd, block, base, mn_stride, k_stride, slot.mn + e, slot.k,
-                         mn_left, k0);
-          }
-        }
-      }
-    };
+    AsyncOperandLoader<Cfg, BM> a_loader;
+    AsyncOperandLoader<Cfg, BN> b_loader;
+    a_loader.init(a_block, args.a + batch * args.a_bs, args.a_rs, args.a_cs, a_k_fast, args.a_vec,
+                  m_left, tid);
+    b_loader.init(b_block, args.b + batch * args.b_bs, args.b_cs, args.b_rs, b_k_fast, args.b_vec,
+                  n_left, tid);
+    const uint32_t a_tiles = tensor_core::shared_address(&As[0][0][0]);
+    const uint32_t b_tiles = tensor_core::shared_address(&Bs[0][0][0]);
+    constexpr uint32_t kTileBytesA = BK * Cfg::kLdA * sizeof(float);
+    constexpr uint32_t kTileBytesB = BK * Cfg::kLdB * sizeof(float);
+    // Slices are copied in order (the loaders step their pointers one slice per call).
     auto copy_slice = [&](int64_t slice, int stage) {
-      copy_operand(std::integral_constant<int, BM>{}, &As[stage][0][0], a_block, a_base,
-                   a_k_fast, args.a_vec, args.a_rs, args.a_cs, m_left, slice);
-      copy_operand(std::integral_constant<int, BN>{}, &Bs[stage][0][0], b_block, b_base,
-                   b_k_fast, args.b_vec, args.b_cs, args.b_rs, n_left, slice);
+      a_loader.copy(a_tiles + stage * kTileBytesA, slice * BK, args.k);
+      b_loader.copy(b_tiles + stage * kTileBytesB, slice * BK, args.k);
     };
     // Slice s lives in stage s % kStages. Iteration s first copies slice s + kStages - 1 into
     // the stage slice s - 1 used (every lane passed the barrier that ended iteration s - 1, so
