@@ -1,12 +1,11 @@
-// The library's fp32 SGEMM: three instantiations of the warp-tiled kernel, picked by how many
-// output tiles the problem has and whether the device has cp.async.
+// The library's fp32 SGEMM: two instantiations of the warp-tiled kernel, picked by how many
+// output tiles the problem has.
 #include "common/device.h"
 #include "gemm/simt/sgemm_launch.cuh"
 
 namespace samattn::detail::simt {
 
 template void launch_sgemm<ShippedSgemm>(const GemmParams&, cudaStream_t);
-template void launch_sgemm<RegisterStagedSgemm>(const GemmParams&, cudaStream_t);
 template void launch_sgemm<FewTilesSgemm>(const GemmParams&, cudaStream_t);
 
 }  // namespace samattn::detail::simt
@@ -20,13 +19,10 @@ void launch_sgemm(const GemmParams& params, cudaStream_t stream) {
   using Big = simt::ShippedSgemm;
   const int64_t big_tiles = (params.m + Big::kBlockM - 1) / Big::kBlockM *
                             ((params.n + Big::kBlockN - 1) / Big::kBlockN) * params.batch;
-  const DeviceInfo& device = current_device_info();
-  if (big_tiles < device.multiprocessors) {
+  if (big_tiles < current_device_info().multiprocessors) {
     simt::launch_sgemm<simt::FewTilesSgemm>(params, stream);
-  } else if (Big::kStages == 0 || device.major >= 8) {
-    simt::launch_sgemm<Big>(params, stream);
   } else {
-    simt::launch_sgemm<simt::RegisterStagedSgemm>(params, stream);
+    simt::launch_sgemm<Big>(params, stream);
   }
 }
 

@@ -135,9 +135,8 @@ using Sgemm128x128x16Stages3 = SgemmConfig<128, 128, 16, 64, 32, 8, 8, 2, true, 
 using Sgemm128x128x8Lane8x16Stages4 = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true, 4>;
 // H200, bench_gemm --sgemm-variants (commit 2771218): 128x256x8 with the cross-slice prefetch
 // measured 0.90x cuBLAS at 4096^3 and 8192^3, the best of seven (benchmarks/NOTES.md).
-using ShippedSgemm = Sgemm128x256x8Stages4;
-// Devices below compute capability 8.0 (no cp.async) run this one instead.
-using RegisterStagedSgemm = Sgemm128x256x8Pf;
+// The cp.async ring variants (`Stages`) measured 0.84-0.88 in the same runs (commit 9cfc856).
+using ShippedSgemm = Sgemm128x256x8Pf;
 using FewTilesSgemm = Sgemm128x128x8;
 
 // The largest block height of the configurations above (for sgemm_supports' grid limit).
