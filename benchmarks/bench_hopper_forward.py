@@ -5,8 +5,9 @@ in one process, bf16 by default.
 In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's alternative tile
 variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND below)
 at head dims 64 and 128, so one run compares them; without that build those columns are left
-out. With --ablations, also the Hopper path with its ping-pong and (head dim 64) its exp2-on-FMA
-switched off (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
+out. With --ablations, also the Hopper path with its ping-pong, (head dim 64) its exp2-on-FMA or its
+output store through shared memory switched off (SAMATTN_HOPPER_ABLATION), to measure what each
+is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
 {64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
@@ -79,6 +80,7 @@ METHODS = {
     "samattn-hopper-tile2": samattn_backend("hopper"),
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
     "samattn-hopper-no_fma_exp2": samattn_backend("hopper"),
+    "samattn-hopper-no_staged_store": samattn_backend("hopper"),
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off
@@ -89,9 +91,12 @@ ENVIRONMENT = {
     "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
     "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
     "samattn-hopper-no_fma_exp2": {"SAMATTN_HOPPER_ABLATION": "no_fma_exp2"},
+    "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
 }
 TILE_METHODS = ("samattn-hopper-tile1", "samattn-hopper-tile2")
-ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_fma_exp2")
+ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_fma_exp2",
+                    "samattn-hopper-no_staged_store")
+ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_fma_exp2": "-fma", "no_staged_store": "-ss"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
 TILE_LEGEND = {
     64: ("128x128 3 stages 2 Q", "192x128 (3 consumer warpgroups) 3 stages 2 Q",
@@ -211,6 +216,8 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
         **({name: lambda: samattn.attention(q, k, v, kv_stride=stride)
             for name in ("samattn-tile1", "samattn-tile2")}
            if OPTIONAL["tiles"] else {}),
+        **{"samattn-" + a: lambda: samattn.attention(q, k, v, kv_stride=stride)
+           for a in OPTIONAL["ablations"]},
         "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
         "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
@@ -265,7 +272,8 @@ def print_summary(result: dict) -> None:
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default tile"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
-          + ("; -pp, -fma: t0 over itself without ping-pong / exp2 on FMA" if ablations else "")
+          + ("; -pp, -fma, -ss: t0 over itself without ping-pong / exp2 on FMA / the staged"
+             " output store" if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
@@ -275,7 +283,7 @@ def print_summary(result: dict) -> None:
     header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn"
     header += "  t1/cudnn  t2/cudnn" if tiles else ""
     header += "  best"
-    header += "   t0/fa2" + ("   /-pp  /-fma" if ablations else "")
+    header += "   t0/fa2" + "".join(f"  /{ABLATION_COLUMNS[a]:<4}" for a in ablations)
     print(header)
     for row in result["rows"]:
         ours, cudnn, fa2 = (tflops(row, n) for n in ("samattn-hopper", "sdpa-cudnn", "sdpa-flash"))
@@ -289,9 +297,8 @@ def print_summary(result: dict) -> None:
             line += f"  {ratio(variants['t1'], cudnn):>8}  {ratio(variants['t2'], cudnn):>8}"
         line += f"  {max(variants, key=lambda n: variants[n] or 0.0):<4}"
         line += f"  {ratio(ours, fa2):>7}"
-        if ablations:
-            line += (f"  {ratio(ours, tflops(row, ABLATION_METHODS[0]))}"
-                     f"  {ratio(ours, tflops(row, ABLATION_METHODS[1]))}")
+        for a in ablations:
+            line += f"  {ratio(ours, tflops(row, 'samattn-hopper-' + a))}"
         print(line)
     strided = result.get("strided")
     if strided:
@@ -300,6 +307,7 @@ def print_summary(result: dict) -> None:
         names = {"t0": "samattn"}
         if tiles:
             names.update(t1="samattn-tile1", t2="samattn-tile2")
+        names.update({ABLATION_COLUMNS[a]: "samattn-" + a for a in ablations})
         cells = ", ".join(
             f"{label} {ms.get(n) or float('nan'):.3f} ms ({ratio(cudnn, ms.get(n)).strip()}x"
             " cuDNN)" for label, n in names.items())
@@ -323,9 +331,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tiles", action="store_true",
                         help="leave out the tile variants even where the build has them")
     parser.add_argument("--ablations", nargs="*", default=[],
-                        choices=["no_pingpong", "no_fma_exp2"],
+                        choices=["no_pingpong", "no_fma_exp2", "no_staged_store"],
                         help="also the Hopper path without ping-pong / (head dim 64) exp2 on "
-                             "the FMA pipe")
+                             "the FMA pipe / O staged through shared memory")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

@@ -516,6 +516,21 @@ TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
   }
 }
 
+// The staged store only changes how O's bytes travel (through shared memory in 16-byte
+// chunks, or straight from the registers); partial tiles (300 rows) take its row checks.
+TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(d);
+    Problem pb({2, 6, 3, 300, 400, d, d}, DType::kBFloat16);
+    pb.params.causal = true;
+    const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
+    const ScopedHopperAblation off("no_staged_store");
+    const HostTensor without = run_on_device(pb, Backend::kHopper, nullptr);
+    EXPECT_EQ(with.bytes, without.bytes);
+  }
+}
+
 // Head dim 64 with every exponential on the MUFU: still within the bound of the reference.
 TEST(HopperGpuRuns, AblationsStayWithinTheBound) {
   SKIP_WITHOUT_HOPPER();

@@ -22,6 +22,8 @@ namespace samattn::hopper {
 // Named barrier ids 1 .. consumer warpgroups: warpgroup w waits on kFirstTurnBarrier + w, and the
 // warpgroup before it (cyclically) arrives there when its turn ends.
 inline constexpr int kFirstTurnBarrier = 1;
+// Named barrier id kFirstTurnBarrier + consumer warpgroups + w: warpgroup w's staged output
+// (written to shared memory by every thread, read back by others).
 
 template <int kConsumerWarpgroups>
 struct TurnBarrier {
@@ -98,6 +100,15 @@ __device__ __forceinline__ void consumer_loop(
   // The fused FFMA needs the max of the raw scores to be the max of the scaled ones.
   const bool fuse_scale = scale_log2 > 0.f;
   RowSoftmax softmax;
+  // O through shared memory: each warpgroup writes its rows into its own rows of the tile's Q
+  // buffer (free once its last S GEMM is done) and reads them back as 16-byte chunks, so the
+  // tile leaves in 16-byte stores along rows, not 4-byte ones scattered over 8 rows per warp
+  // (ncu at 8 key blocks per tile: the 4-byte stores filled the store queue; NOTES.md). The Q
+  // buffer is then released after the epilogue instead of after the last S GEMM, which with one
+  // Q buffer would hold back the next tile's Q: two buffers only. Not with three consumer
+  // warpgroups either: under their 128-register launch bound it spilled 68 bytes (ptxas).
+  constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups == 2;
+  const bool stage_o = kCanStageO && params.options.staged_store && params.o_vectors;
   typename Traits::PipelineState state;
   int tile_iteration = 0;
   turn.start();
@@ -152,7 +163,7 @@ __device__ __forceinline__ void consumer_loop(
       Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
       shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
       if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
-        q_empty.arrive();
+        if (!stage_o) q_empty.arrive();
         clear(tOrO);
       } else {
         // The first (last in key order) block: S, softmax, P; no output yet.
@@ -161,7 +172,7 @@ __device__ __forceinline__ void consumer_loop(
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
             mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
         pipeline_k.consumer_release(state);
-        if (n_block == 0) q_empty.arrive();
+        if (n_block == 0 && !stage_o) q_empty.arrive();
         float rescale[2];
         softmax_block(n_block, rescale);
         convert_p();
@@ -183,7 +194,7 @@ __device__ __forceinline__ void consumer_loop(
           warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
           finish_operands(tSrS);
           pipeline_k.consumer_release(next);
-          if (n_block == 0) q_empty.arrive();  // the tile's last use of Q
+          if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
           softmax_block(n_block, rescale);
           warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
           finish_operands(tOrO, tOrP);
@@ -210,13 +221,39 @@ __device__ __forceinline__ void consumer_loop(
       }
       Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
                      int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 2) {
-        const int row = get<0>(tOcO(i));
-        if (row < c.rows) {
+      if (stage_o) {
+        Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); i += 2) {
           const float scale = inverse[(i / 2) % 2];
-          *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+          *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) =
               pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+        }
+        named_barrier_sync(kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup, 128);
+        // A warp's lanes take consecutive chunks of a row: whole 128-byte lines per store.
+        constexpr int kChunksPerRow = kHeadDim / 8;
+        constexpr int kRowsPerPass = 128 / kChunksPerRow;
+        const int chunk = tid % kChunksPerRow;
+#pragma unroll 1  // unrolled, the reads ran ahead of the stores and ptxas spilled
+        for (int pass = 0; pass < 64 / kRowsPerPass; ++pass) {
+          const int row = warpgroup_first_row + pass * kRowsPerPass + tid % 128 / kChunksPerRow;
+          const uint4 v = *reinterpret_cast<const uint4*>(&sO(row, chunk * 8));
+          if (row < c.rows) {
+            *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * 8) = v;
+          }
+        }
+        // This thread's reads of the buffer come before the producer's next TMA write into it.
+        cutlass::arch::fence_view_async_shared();
+        q_empty.arrive();
+      } else {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); i += 2) {
+          const int row = get<0>(tOcO(i));
+          if (row < c.rows) {
+            const float scale = inverse[(i / 2) % 2];
+            *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+                pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+          }
         }
       }
       if (p.lse != nullptr && lane % 4 == 0) {

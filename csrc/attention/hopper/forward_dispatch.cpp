@@ -108,10 +108,12 @@ ForwardKernelOptions forward_options_from_environment() {
       options.pingpong = false;
     } else if (item == "no_fma_exp2") {
       options.exp2_on_fma = false;
+    } else if (item == "no_staged_store") {
+      options.staged_store = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong and no_fma_exp2, got '",
+                    "no_pingpong, no_fma_exp2 and no_staged_store, got '",
                     value, "'");
     }
   }
