@@ -99,8 +99,8 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
 // what each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; both on
 // unless it names them).
 struct ForwardKernelOptions {
-  bool pingpong = true;     // consumer warpgroups take turns issuing their GEMMs
-  bool exp2_on_fma = true;  // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
+  bool pingpong = true;      // consumer warpgroups take turns issuing their GEMMs
+  bool exp2_on_fma = true;   // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
   bool staged_store = true;  // O leaves through shared memory in 16-byte stores (two Q buffers)
 };
 

@@ -87,10 +87,9 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const auto whole_chunks = [](int64_t stride, int64_t extent) {
     return extent <= 1 || stride % 8 == 0;
   };
-  const bool o_vectors = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
-                         whole_chunks(p.o_row_stride, p.seqlen_q) &&
-                         whole_chunks(p.o_head_stride, p.heads_q) &&
-                         whole_chunks(p.o_batch_stride, p.batch);
+  const bool o_vectors =
+      reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && whole_chunks(p.o_row_stride, p.seqlen_q) &&
+      whole_chunks(p.o_head_stride, p.heads_q) && whole_chunks(p.o_batch_stride, p.batch);
   HopperForwardParams<Element, kHeadDim, kVariant> params{
       p,
       geometry,

@@ -120,7 +120,8 @@ SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
 
 // The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
 // ShippedSgemm, and FewTilesSgemm for problems with fewer ShippedSgemm tiles than SMs (sgemm.cu).
-// Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices, "Stages" = cp.async ring.
+// Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices, "Stages" = a
+// cp.async ring.
 using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
 using Sgemm128x128x8Lane8x16Pf = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true>;
 using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;

@@ -24,7 +24,7 @@ struct AsyncOperandLoader {
   static constexpr int kLd = kMN + Cfg::kPad;
   static constexpr int kElems = kMN / Cfg::kElemRows;  // k-fast: 4-byte copies per thread
   static constexpr int kVectors = kMN * kBlockK / 4 / Cfg::kThreads;  // mn-fast: 16-byte ones
-  static constexpr int kVectorRows = Cfg::kThreads / (kMN / 4);  // k indices between vectors
+  static constexpr int kVectorRows = Cfg::kThreads / (kMN / 4);       // k indices between vectors
   static_assert(kVectors >= 1 && Cfg::kThreads % (kMN / 4) == 0, "vectors tile the slice");
   static constexpr int kFloat = static_cast<int>(sizeof(float));
 
@@ -33,10 +33,10 @@ struct AsyncOperandLoader {
   int64_t copy_step;   // elements between two copies of a thread in global memory
   int64_t slice_step;  // elements from one slice to the next
   int64_t mn_stride, k_stride;
-  uint32_t dst;        // byte offset of the first copy within a slice tile
+  uint32_t dst;  // byte offset of the first copy within a slice tile
   int first_mn, first_k;
-  int mn_left;         // rows (A) or columns (B) of the matrix from the tile's first
-  bool k_fast, fast;   // fast: whole vectors / elements inside in mn, no per-copy checks
+  int mn_left;        // rows (A) or columns (B) of the matrix from the tile's first
+  bool k_fast, fast;  // fast: whole vectors / elements inside in mn, no per-copy checks
 
   __device__ __forceinline__ void init(const float* block, const float* matrix, int64_t mn_stride_,
                                        int64_t k_stride_, bool k_fast_, bool vec, int mn_left_,
@@ -47,7 +47,8 @@ struct AsyncOperandLoader {
     mn_left = mn_left_;
     base = matrix;
     fast = mn_left >= kMN && (k_fast || vec);
-    const VectorSlot first = k_fast ? element_slot<Cfg>(tid, 0) : vector_slot<kMN, kBlockK>(tid, false);
+    const VectorSlot first =
+        k_fast ? element_slot<Cfg>(tid, 0) : vector_slot<kMN, kBlockK>(tid, false);
     first_mn = first.mn;
     first_k = first.k;
     src = block + first.mn * mn_stride + first.k * k_stride;

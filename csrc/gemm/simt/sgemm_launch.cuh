@@ -14,8 +14,10 @@ template <typename Cfg>
 void launch_sgemm(const GemmParams& params, cudaStream_t stream) {
   if constexpr (Cfg::kStages > 0) {
     const DeviceInfo& device = current_device_info();
-    SAMATTN_CHECK(device.major >= 8, "the cp.async SGEMM needs compute capability 8.0 or newer, "
-                  "device ", device.index, " is ", device.major, ".", device.minor);
+    SAMATTN_CHECK(device.major >= 8,
+                  "the cp.async SGEMM needs compute capability 8.0 or newer, "
+                  "device ",
+                  device.index, " is ", device.major, ".", device.minor);
   }
   const SgemmArgs args = make_sgemm_args(params);
   const dim3 grid(static_cast<unsigned>((args.n + Cfg::kBlockN - 1) / Cfg::kBlockN),
