@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -372,9 +373,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     const char* commit = std::getenv("SAMATTN_COMMIT");
+    const std::time_t now = std::time(nullptr);
+    char date[sizeof "2026-01-01T00:00:00Z"];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     std::fprintf(f, "{\n  \"benchmark\": \"bench_gemm\",\n  \"device\": \"%s\",\n", prop.name);
-    std::fprintf(f, "  \"commit\": \"%s\",\n  \"quick\": %s,\n  \"results\": [\n",
-                 commit ? commit : "unknown", quick ? "true" : "false");
+    std::fprintf(f, "  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"quick\": %s,\n",
+                 commit ? commit : "unknown", date, quick ? "true" : "false");
+    std::fprintf(f, "  \"results\": [\n");
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const double flop = 2.0 * r.m * r.n * r.k;
