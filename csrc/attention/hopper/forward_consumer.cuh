@@ -22,8 +22,6 @@ namespace samattn::hopper {
 // Named barrier ids 1 .. consumer warpgroups: warpgroup w waits on kFirstTurnBarrier + w, and the
 // warpgroup before it (cyclically) arrives there when its turn ends.
 inline constexpr int kFirstTurnBarrier = 1;
-// Named barrier id kFirstTurnBarrier + consumer warpgroups + w: warpgroup w's staged output
-// (written to shared memory by every thread, read back by others).
 
 template <int kConsumerWarpgroups>
 struct TurnBarrier {
@@ -107,8 +105,11 @@ __device__ __forceinline__ void consumer_loop(
   // buffer is then released after the epilogue instead of after the last S GEMM, which with one
   // Q buffer would hold back the next tile's Q: two buffers only. Not with three consumer
   // warpgroups either: under their 128-register launch bound it spilled 68 bytes (ptxas).
+  // supports() has required O's base and strides to be 16-byte multiples.
   constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups == 2;
-  const bool stage_o = kCanStageO && params.options.staged_store && params.o_vectors;
+  const bool stage_o = kCanStageO && params.options.staged_store;
+  // The named barrier of warpgroup w's staged output, after the turns' ids.
+  const int stage_o_barrier = kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup;
   typename Traits::PipelineState state;
   int tile_iteration = 0;
   turn.start();
@@ -221,15 +222,18 @@ __device__ __forceinline__ void consumer_loop(
       }
       Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
                      int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
+      // Accumulator pair (i, i + 1) normalised and rounded to the output type.
+      auto output_pair = [&](int i) {
+        const float scale = inverse[(i / 2) % 2];
+        return pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+      };
       if (stage_o) {
         Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); i += 2) {
-          const float scale = inverse[(i / 2) % 2];
-          *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) =
-              pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+          *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
         }
-        named_barrier_sync(kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup, 128);
+        named_barrier_sync(stage_o_barrier, 128);
         // A warp's lanes take consecutive chunks of a row: whole 128-byte lines per store.
         constexpr int kChunksPerRow = kHeadDim / 8;
         constexpr int kRowsPerPass = 128 / kChunksPerRow;
@@ -250,9 +254,8 @@ __device__ __forceinline__ void consumer_loop(
         for (int i = 0; i < size(tOrO); i += 2) {
           const int row = get<0>(tOcO(i));
           if (row < c.rows) {
-            const float scale = inverse[(i / 2) % 2];
             *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
-                pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+                output_pair(i);
           }
         }
       }

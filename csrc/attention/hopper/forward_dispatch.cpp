@@ -77,8 +77,8 @@ Status supports(const AttentionParams& p) {
   }
   // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
   const int64_t keys = detail::strided_key_count(p);
-  // q, k and v are read through TMA descriptors; the output is written with plain 4-byte stores
-  // and only needs the 16-byte multiples of the sm80 path.
+  // q, k and v are read through TMA descriptors; the output is written with plain stores of up
+  // to 16 bytes (the staged store's chunks) and needs the 16-byte multiples of the sm80 path.
   const std::string misaligned[] = {
       detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
                            bytes, detail::StrideRule::kTma),

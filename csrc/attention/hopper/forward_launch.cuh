@@ -83,19 +83,11 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       static_cast<int32_t>(p.heads_q),
       static_cast<int32_t>(p.group_size),
       p.causal};
-  // A stride matters only where its extent exceeds 1; 8 two-byte elements are 16 bytes.
-  const auto whole_chunks = [](int64_t stride, int64_t extent) {
-    return extent <= 1 || stride % 8 == 0;
-  };
-  const bool o_vectors =
-      reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && whole_chunks(p.o_row_stride, p.seqlen_q) &&
-      whole_chunks(p.o_head_stride, p.heads_q) && whole_chunks(p.o_batch_stride, p.batch);
   HopperForwardParams<Element, kHeadDim, kVariant> params{
       p,
       geometry,
       schedule,
       forward_options_from_environment(),
-      o_vectors,
       q.shape(),
       k.shape(),
       v.shape(),

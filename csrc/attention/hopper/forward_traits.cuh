@@ -120,7 +120,6 @@ struct HopperForwardParams {
   TileGeometry geometry;
   TileSchedule schedule;
   ForwardKernelOptions options;
-  bool o_vectors;  // 16-byte stores of O line up: aligned pointer, strides of whole 16 bytes
   GmemShape shape_q, shape_k, shape_v;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
