@@ -502,33 +502,31 @@ class ScopedHopperAblation {
   ~ScopedHopperAblation() { unsetenv("SAMATTN_HOPPER_ABLATION"); }
 };
 
-// Ping-pong only orders the two warpgroups' GEMM issue; every tile does the same arithmetic.
-TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
-  SKIP_WITHOUT_HOPPER();
+// Every head dim, causal, partial tiles (300 rows): the Hopper forward's output with and
+// without `ablation` must be the same bytes.
+void expect_ablation_bit_identical(const char* ablation) {
   for (int64_t d : {64, 128, 256}) {
     SCOPED_TRACE(d);
     Problem pb({2, 6, 3, 300, 400, d, d}, DType::kBFloat16);
     pb.params.causal = true;
     const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
-    const ScopedHopperAblation off("no_pingpong");
+    const ScopedHopperAblation off(ablation);
     const HostTensor without = run_on_device(pb, Backend::kHopper, nullptr);
     EXPECT_EQ(with.bytes, without.bytes);
   }
 }
 
+// Ping-pong only orders the two warpgroups' GEMM issue; every tile does the same arithmetic.
+TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  expect_ablation_bit_identical("no_pingpong");
+}
+
 // The staged store only changes how O's bytes travel (through shared memory in 16-byte
-// chunks, or straight from the registers); partial tiles (300 rows) take its row checks.
+// chunks, or straight from the registers); the partial tiles take its row checks.
 TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
   SKIP_WITHOUT_HOPPER();
-  for (int64_t d : {64, 128, 256}) {
-    SCOPED_TRACE(d);
-    Problem pb({2, 6, 3, 300, 400, d, d}, DType::kBFloat16);
-    pb.params.causal = true;
-    const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
-    const ScopedHopperAblation off("no_staged_store");
-    const HostTensor without = run_on_device(pb, Backend::kHopper, nullptr);
-    EXPECT_EQ(with.bytes, without.bytes);
-  }
+  expect_ablation_bit_identical("no_staged_store");
 }
 
 // Head dim 64 with every exponential on the MUFU: still within the bound of the reference.
