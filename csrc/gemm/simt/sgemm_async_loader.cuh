@@ -27,6 +27,9 @@ struct AsyncOperandLoader {
   static constexpr int kVectorRows = Cfg::kThreads / (kMN / 4);       // k indices between vectors
   static_assert(kVectors >= 1 && Cfg::kThreads % (kMN / 4) == 0, "vectors tile the slice");
   static constexpr int kFloat = static_cast<int>(sizeof(float));
+  // Shared-memory bytes between two copies of a thread: k-fast elements, mn-fast vectors.
+  static constexpr int kElemStep = Cfg::kElemRows * kFloat;
+  static constexpr int kVectorStep = kVectorRows * kLd * kFloat;
 
   const float* src;    // the thread's first copy, at the next slice
   const float* base;   // zero-fill source: the matrix's first element
@@ -57,11 +60,6 @@ struct AsyncOperandLoader {
     slice_step = kBlockK * k_stride;
   }
 
-  // Shared-memory bytes between two copies of a thread.
-  __device__ __forceinline__ uint32_t dst_step() const {
-    return static_cast<uint32_t>((k_fast ? Cfg::kElemRows : kVectorRows * kLd) * kFloat);
-  }
-
   // Issues the copies of the slice starting at k index k0 into the tile at shared address
   // `tile`, then moves on to the next slice.
   __device__ __forceinline__ void copy(uint32_t tile, int64_t k0, int k) {
@@ -72,12 +70,12 @@ struct AsyncOperandLoader {
       if (k_fast) {
 #pragma unroll
         for (int c = 0; c < kElems; ++c) {
-          cp_async_4(tile + dst + c * Cfg::kElemRows * kFloat, src + c * copy_step, true);
+          cp_async_4(tile + dst + c * kElemStep, src + c * copy_step, true);
         }
       } else {
 #pragma unroll
         for (int c = 0; c < kVectors; ++c) {
-          cp_async_16(tile + dst + c * kVectorRows * kLd * kFloat, src + c * copy_step, true);
+          cp_async_16(tile + dst + c * kVectorStep, src + c * copy_step, true);
         }
       }
     } else {
@@ -96,14 +94,14 @@ struct AsyncOperandLoader {
 #pragma unroll
       for (int c = 0; c < kElems; ++c) {
         const bool inside = first_mn + c * Cfg::kElemRows < mn_left && k0 + first_k < k;
-        copy_one(tile + dst + c * Cfg::kElemRows * kFloat, src + c * copy_step, inside);
+        copy_one(tile + dst + c * kElemStep, src + c * copy_step, inside);
       }
       return;
     }
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
       const bool k_in = k0 + first_k + c * kVectorRows < k;
-      const uint32_t to = tile + dst + c * kVectorRows * kLd * kFloat;
+      const uint32_t to = tile + dst + c * kVectorStep;
       const float* from = src + c * copy_step;
       if (fast && k_in) {
         tensor_core::cp_async_16(to, from, true);

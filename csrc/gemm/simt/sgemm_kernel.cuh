@@ -178,6 +178,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   };
 
   const int64_t slices = (args.k + BK - 1) / BK;
+  // Prefetch across slices (kPrefetchAcrossSlices, and every cp.async ring): fragments alternate
+  // between two register sets, the set for k step kk + 1 loaded before kk's FMAs. The last k
+  // step runs `cross_slices` (the next slice's buffer made ready, then the barrier) and loads the
+  // next slice's first fragments from buffer `next` before its own FMAs, so their latency hides
+  // behind them.
+  float4 fa[2][Cfg::kSubM], fb[2][Cfg::kSubN];
+  auto slice_k_steps = [&](int buf, int next, bool has_next, auto cross_slices) {
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      const int cur = kk & 1;
+      if (kk + 1 < BK) {
+        load_fragments(buf, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
+      } else {
+        cross_slices();
+        if (has_next) load_fragments(next, 0, fa[cur ^ 1], fb[cur ^ 1]);
+      }
+      multiply(fa[cur], fb[cur]);
+    }
+  };
   if constexpr (Cfg::kStages > 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // cp.async needs sm_80: launch_sgemm never runs a staged configuration below it
@@ -210,25 +229,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
     tensor_core::cp_async_wait<kStages - 2>();
     __syncthreads();
-    float4 fa[2][Cfg::kSubM], fb[2][Cfg::kSubN];
     load_fragments(0, 0, fa[0], fb[0]);
     int read_stage = 0, write_stage = kStages - 1;
     for (int64_t s = 0; s < slices; ++s) {
       if (s + kStages - 1 < slices) copy_slice(s + kStages - 1, write_stage);
       tensor_core::cp_async_commit();
       const int next_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-#pragma unroll
-      for (int kk = 0; kk < BK; ++kk) {
-        const int cur = kk & 1;
-        if (kk + 1 < BK) {
-          load_fragments(read_stage, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
-        } else {
-          tensor_core::cp_async_wait<kStages - 2>();
-          __syncthreads();
-          if (s + 1 < slices) load_fragments(next_stage, 0, fa[cur ^ 1], fb[cur ^ 1]);
-        }
-        multiply(fa[cur], fb[cur]);
-      }
+      slice_k_steps(read_stage, next_stage, s + 1 < slices, [&] {
+        tensor_core::cp_async_wait<kStages - 2>();
+        __syncthreads();
+      });
       write_stage = read_stage;
       read_stage = next_stage;
     }
@@ -238,28 +248,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     load_slice(0);
     store_slice(0);
     __syncthreads();
-    // Fragments alternate between two register sets; the set for k step kk + 1 is loaded
-    // before kk's FMAs. The last k step stores the next slice, waits at the barrier and loads
-    // the next slice's first fragments before its own FMAs, so their latency hides behind
-    // them (the buffer it stores into was last read before the previous slice's barrier).
-    float4 fa[2][Cfg::kSubM], fb[2][Cfg::kSubN];
     load_fragments(0, 0, fa[0], fb[0]);
     for (int64_t s = 0; s < slices; ++s) {
       const int buf = static_cast<int>(s & 1);
       const bool has_next = s + 1 < slices;
       if (has_next) load_slice((s + 1) * BK);
-#pragma unroll
-      for (int kk = 0; kk < BK; ++kk) {
-        const int cur = kk & 1;
-        if (kk + 1 < BK) {
-          load_fragments(buf, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
-        } else {
-          if (has_next) store_slice(buf ^ 1);
-          __syncthreads();
-          if (has_next) load_fragments(buf ^ 1, 0, fa[cur ^ 1], fb[cur ^ 1]);
-        }
-        multiply(fa[cur], fb[cur]);
-      }
+      // The next slice goes into the buffer last read before the previous slice's barrier.
+      slice_k_steps(buf, buf ^ 1, has_next, [&] {
+        if (has_next) store_slice(buf ^ 1);
+        __syncthreads();
+      });
     }
   } else {
     load_slice(0);
