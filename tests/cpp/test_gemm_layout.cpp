@@ -233,6 +233,9 @@ TEST(GemmSgemmLayout, EveryConfigCoversItsTiles) {
   check_sgemm_config<Sgemm128x256x16Pf>();
   check_sgemm_config<Sgemm128x256x16Warps16>();
   check_sgemm_config<Sgemm256x128x8Pf>();
+  check_sgemm_config<Sgemm128x256x8PfSplit>();
+  check_sgemm_config<Sgemm128x256x16PfSplit>();
+  check_sgemm_config<Sgemm256x128x8PfSplit>();
   check_sgemm_config<Sgemm128x256x8Stages4>();
   check_sgemm_config<Sgemm128x256x16Stages3>();
   check_sgemm_config<Sgemm128x128x8Stages4>();

@@ -39,10 +39,12 @@ SgemmArgs make_sgemm_args(const GemmParams& params);
 // barrier and before the current slice's last FMAs (sgemm_kernel.cuh), else after the barrier.
 // kStages = 0: slices go through registers into two shared buffers; kStages >= 2: cp.async
 // copies them straight into a ring of kStages buffers, kStages - 1 slices ahead (the prefetch
-// across slices is then always on).
+// across slices is then always on). kSplitBarrier (register staging with the prefetch across
+// slices): the slice barrier is an mbarrier whose arrival and wait are split around half of the
+// last k step's FMAs, so a warp waits only for warps more than that far behind it.
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kWarpM_, int kWarpN_, int kThreadM_,
           int kThreadN_, int kMinBlocksPerSm_, bool kPrefetchAcrossSlices_ = false,
-          int kStages_ = 0>
+          int kStages_ = 0, bool kSplitBarrier_ = false>
 struct SgemmConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_;
   static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
@@ -51,7 +53,10 @@ struct SgemmConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kPrefetchAcrossSlices = kPrefetchAcrossSlices_ || kStages > 0;
   static constexpr int kBuffers = kStages > 0 ? kStages : 2;
+  static constexpr bool kSplitBarrier = kSplitBarrier_;
   static_assert(kStages == 0 || kStages >= 2, "a cp.async ring needs two or more stages");
+  static_assert(!kSplitBarrier || (kStages == 0 && kPrefetchAcrossSlices_),
+                "the split barrier is a variant of the register-staged prefetch");
   static constexpr int kWarpsM = kBlockM / kWarpM, kWarpsN = kBlockN / kWarpN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kLanesM = kWarpM / kThreadM, kLanesN = kWarpN / kThreadN;
@@ -74,9 +79,11 @@ struct SgemmConfig {
   static_assert(kStages == 0 || (kThreads % kBlockK == 0 && kBlockM % kElemRows == 0 &&
                                  kBlockN % kElemRows == 0),
                 "element copies tile the slice");
-  // kBuffers slices of A and B (dynamic shared memory; above 48 KiB the launch opts in).
-  static constexpr int kSmemBytes =
+  // kBuffers slices of A and B (dynamic shared memory; above 48 KiB the launch opts in), then
+  // the split barrier's 8-byte mbarrier.
+  static constexpr int kSliceBytes =
       kBuffers * kBlockK * (kLdA + kLdB) * static_cast<int>(sizeof(float));
+  static constexpr int kSmemBytes = kSliceBytes + (kSplitBarrier ? 8 : 0);
   static_assert(!kPrefetchAcrossSlices || kBlockK % 2 == 0, "fragment buffers alternate per k");
 };
 
@@ -121,7 +128,7 @@ SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
 // The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
 // ShippedSgemm, and FewTilesSgemm for problems with fewer ShippedSgemm tiles than SMs (sgemm.cu).
 // Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices, "Stages" = a
-// cp.async ring.
+// cp.async ring, "Split" = kSplitBarrier.
 using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
 using Sgemm128x128x8Lane8x16Pf = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true>;
 using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;
@@ -129,6 +136,9 @@ using Sgemm128x256x8Pf = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Pf = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Warps16 = SgemmConfig<128, 256, 16, 64, 32, 8, 8, 1>;  // 512 threads
 using Sgemm256x128x8Pf = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true>;
+using Sgemm128x256x8PfSplit = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 0, true>;
+using Sgemm128x256x16PfSplit = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true, 0, true>;
+using Sgemm256x128x8PfSplit = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true, 0, true>;
 using Sgemm128x256x8Stages4 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 4>;
 using Sgemm128x256x16Stages3 = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true, 3>;
 using Sgemm128x128x8Stages4 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2, true, 4>;

@@ -29,6 +29,7 @@
 #include "attention/tensor_core/mma.cuh"
 #include "gemm/simt/sgemm_args.h"
 #include "gemm/simt/sgemm_async_loader.cuh"
+#include "gemm/simt/slice_barrier.cuh"
 
 namespace samattn::detail::simt {
 
@@ -160,9 +161,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       fb[j] = *reinterpret_cast<const float4*>(&Bs[buf][kk][col0 + j * Cfg::kSubStrideN]);
     }
   };
-  auto multiply = [&](const float4(&fa)[Cfg::kSubM], const float4(&fb)[Cfg::kSubN]) {
+  // The FMAs of sub-tile rows [first_sub_m, end_sub_m) of one k step.
+  auto multiply_rows = [&](const float4(&fa)[Cfg::kSubM], const float4(&fb)[Cfg::kSubN],
+                           int first_sub_m, int end_sub_m) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kSubM; ++i) {
+    for (int i = first_sub_m; i < end_sub_m; ++i) {
       const float x[4] = {fa[i].x, fa[i].y, fa[i].z, fa[i].w};
 #pragma unroll
       for (int j = 0; j < Cfg::kSubN; ++j) {
@@ -175,6 +178,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
           }
       }
     }
+  };
+  auto multiply = [&](const float4(&fa)[Cfg::kSubM], const float4(&fb)[Cfg::kSubN]) {
+    multiply_rows(fa, fb, 0, Cfg::kSubM);
   };
 
   const int64_t slices = (args.k + BK - 1) / BK;
@@ -244,6 +250,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
     tensor_core::cp_async_wait<0>();
 #endif
+  } else if constexpr (Cfg::kSplitBarrier) {
+    // As below, but the last k step of a slice stores the next slice, arrives, runs the first
+    // half of its FMAs, and only then waits for the other threads' stores. The wait that ends
+    // slice s also orders every thread's reads of the buffer slice s - 1 used before anyone's
+    // stores of slice s + 1 into it: a thread's last read of a slice's buffer (its last k
+    // step's fragments, loaded one k step early) precedes its arrival.
+    static_assert(Cfg::kSubM % 2 == 0, "the last k step's FMAs split in two halves");
+    uint64_t* barrier_storage = reinterpret_cast<uint64_t*>(
+        reinterpret_cast<unsigned char*>(sgemm_smem) + Cfg::kSliceBytes);
+    const SliceBarrier barrier(barrier_storage);
+    if (tid == 0) barrier.init(Cfg::kThreads);
+    load_slice(0);
+    store_slice(0);
+    __syncthreads();
+    load_fragments(0, 0, fa[0], fb[0]);
+    for (int64_t s = 0; s < slices; ++s) {
+      const int buf = static_cast<int>(s & 1);
+      const bool has_next = s + 1 < slices;
+      if (has_next) load_slice((s + 1) * BK);
+#pragma unroll
+      for (int kk = 0; kk + 1 < BK; ++kk) {
+        const int cur = kk & 1;
+        load_fragments(buf, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
+        multiply(fa[cur], fb[cur]);
+      }
+      constexpr int kLast = (BK - 1) & 1;
+      if (has_next) {
+        store_slice(buf ^ 1);
+        barrier.arrive();
+      }
+      multiply_rows(fa[kLast], fb[kLast], 0, Cfg::kSubM / 2);
+      if (has_next) {
+        barrier.wait(static_cast<uint32_t>(s & 1));
+        load_fragments(buf ^ 1, 0, fa[kLast ^ 1], fb[kLast ^ 1]);
+      }
+      multiply_rows(fa[kLast], fb[kLast], Cfg::kSubM / 2, Cfg::kSubM);
+    }
   } else if constexpr (Cfg::kPrefetchAcrossSlices) {
     load_slice(0);
     store_slice(0);
