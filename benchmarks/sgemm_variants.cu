@@ -23,6 +23,8 @@ const SgemmVariant kSgemmVariants[] = {
     {"128x256x16_w64x32_t8x8", &run<Sgemm128x256x16Warps16>},
     {"256x128x8_w64x64_t8x16_pf", &run<Sgemm256x128x8Pf>},
     {"128x256x8_w64x64_t8x16_pf_split", &run<Sgemm128x256x8PfSplit>},
+    {"128x256x8_w64x64_t8x16_pf_split_store5", &run<Sgemm128x256x8PfSplitStore5>},
+    {"128x256x8_w64x64_t8x16_pf_split_store3", &run<Sgemm128x256x8PfSplitStore3>},
     {"128x256x16_w64x64_t8x16_pf_split", &run<Sgemm128x256x16PfSplit>},
     {"256x128x8_w64x64_t8x16_pf_split", &run<Sgemm256x128x8PfSplit>},
     {"128x128x8_w64x64_t8x16_pf", &run<Sgemm128x128x8Lane8x16Pf>},

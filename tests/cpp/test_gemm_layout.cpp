@@ -234,6 +234,8 @@ TEST(GemmSgemmLayout, EveryConfigCoversItsTiles) {
   check_sgemm_config<Sgemm128x256x16Warps16>();
   check_sgemm_config<Sgemm256x128x8Pf>();
   check_sgemm_config<Sgemm128x256x8PfSplit>();
+  check_sgemm_config<Sgemm128x256x8PfSplitStore5>();
+  check_sgemm_config<Sgemm128x256x8PfSplitStore3>();
   check_sgemm_config<Sgemm128x256x16PfSplit>();
   check_sgemm_config<Sgemm256x128x8PfSplit>();
   check_sgemm_config<Sgemm128x256x8Stages4>();

@@ -424,6 +424,7 @@ std::vector<Case> hopper_cases() {
   // short keys, causal pairs with an odd tile count per head, GQA 8:1 with kv_stride and causal
   // over many heads, and a single tile (a one-block grid).
   list.push_back({"persistent_many_tiles_d64", {3, 50, 50, 300, 40, 64, 64}});
+  list.push_back({"persistent_many_tiles_d128", {3, 50, 50, 300, 40, 128, 128}});
   list.push_back({"persistent_causal_odd_tiles_d64", {2, 40, 40, 589, 589, 64, 64}, true, 4});
   list.push_back(
       {"persistent_gqa_8to1_stride2_causal_d128", {2, 64, 8, 300, 300, 128, 128}, true, 2});
@@ -527,6 +528,14 @@ TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
 TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
   SKIP_WITHOUT_HOPPER();
   expect_ablation_bit_identical("no_staged_store");
+}
+
+// The look-ahead only moves when the next tile's first S GEMM is issued. Here each causal unit
+// pairs two tiles, so it runs between them; the persistent_many_tiles cases check the step from
+// one unit to the next against the reference.
+TEST(HopperGpuRuns, LookAheadOffIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  expect_ablation_bit_identical("no_look_ahead");
 }
 
 // Head dim 64 with every exponential on the MUFU: still within the bound of the reference.

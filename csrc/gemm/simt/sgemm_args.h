@@ -40,11 +40,12 @@ SgemmArgs make_sgemm_args(const GemmParams& params);
 // kStages = 0: slices go through registers into two shared buffers; kStages >= 2: cp.async
 // copies them straight into a ring of kStages buffers, kStages - 1 slices ahead (the prefetch
 // across slices is then always on). kSplitBarrier (register staging with the prefetch across
-// slices): the slice barrier is an mbarrier whose arrival and wait are split around half of the
-// last k step's FMAs, so a warp waits only for warps more than that far behind it.
+// slices): the slice barrier is an mbarrier; a thread stores the next slice and arrives before
+// k step kStoreStep, and waits halfway through the last k step's FMAs, so a warp waits only for
+// warps more than that far behind it.
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kWarpM_, int kWarpN_, int kThreadM_,
           int kThreadN_, int kMinBlocksPerSm_, bool kPrefetchAcrossSlices_ = false,
-          int kStages_ = 0, bool kSplitBarrier_ = false>
+          int kStages_ = 0, bool kSplitBarrier_ = false, int kStoreStep_ = kBlockK_ - 1>
 struct SgemmConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_;
   static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
@@ -52,8 +53,14 @@ struct SgemmConfig {
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr int kStages = kStages_;
   static constexpr bool kPrefetchAcrossSlices = kPrefetchAcrossSlices_ || kStages > 0;
-  static constexpr int kBuffers = kStages > 0 ? kStages : 2;
   static constexpr bool kSplitBarrier = kSplitBarrier_;
+  static constexpr int kStoreStep = kStoreStep_;
+  // A split barrier with the store before the last k step needs a third buffer: a thread may
+  // then store while others still read the previous slice (they have only arrived).
+  static constexpr int kBuffers = kStages > 0 ? kStages
+                                              : (kSplitBarrier&& kStoreStep < kBlockK - 1 ? 3 : 2);
+  static_assert(kStoreStep >= 1 && kStoreStep < kBlockK,
+                "the next slice is stored after the first k step's fragment loads");
   static_assert(kStages == 0 || kStages >= 2, "a cp.async ring needs two or more stages");
   static_assert(!kSplitBarrier || (kStages == 0 && kPrefetchAcrossSlices_),
                 "the split barrier is a variant of the register-staged prefetch");
@@ -128,7 +135,7 @@ SAMATTN_HOST_DEVICE LaneOrigin lane_origin(int tid) {
 // The tile shapes bench_gemm --sgemm-variants measures against cuBLAS; the library runs
 // ShippedSgemm, and FewTilesSgemm for problems with fewer ShippedSgemm tiles than SMs (sgemm.cu).
 // Name format: block MxNxK, warp MxN, lane MxN, "_pf" = kPrefetchAcrossSlices, "Stages" = a
-// cp.async ring, "Split" = kSplitBarrier.
+// cp.async ring, "Split" = kSplitBarrier ("StoreN": kStoreStep = N).
 using Sgemm128x128x8 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2>;
 using Sgemm128x128x8Lane8x16Pf = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true>;
 using Sgemm128x256x8 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1>;
@@ -137,6 +144,8 @@ using Sgemm128x256x16Pf = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x16Warps16 = SgemmConfig<128, 256, 16, 64, 32, 8, 8, 1>;  // 512 threads
 using Sgemm256x128x8Pf = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true>;
 using Sgemm128x256x8PfSplit = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 0, true>;
+using Sgemm128x256x8PfSplitStore5 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 0, true, 5>;
+using Sgemm128x256x8PfSplitStore3 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 0, true, 3>;
 using Sgemm128x256x16PfSplit = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true, 0, true>;
 using Sgemm256x128x8PfSplit = SgemmConfig<256, 128, 8, 64, 64, 8, 16, 1, true, 0, true>;
 using Sgemm128x256x8Stages4 = SgemmConfig<128, 256, 8, 64, 64, 8, 16, 1, true, 4>;

@@ -251,11 +251,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     tensor_core::cp_async_wait<0>();
 #endif
   } else if constexpr (Cfg::kSplitBarrier) {
-    // As below, but the last k step of a slice stores the next slice, arrives, runs the first
-    // half of its FMAs, and only then waits for the other threads' stores. The wait that ends
-    // slice s also orders every thread's reads of the buffer slice s - 1 used before anyone's
-    // stores of slice s + 1 into it: a thread's last read of a slice's buffer (its last k
-    // step's fragments, loaded one k step early) precedes its arrival.
+    // As below, but k step kStoreStep of a slice stores the next slice and arrives, and the
+    // last k step runs the first half of its FMAs before it waits for the other threads'
+    // stores. Slice s lives in buffer s % kBuffers. A thread storing slice s + 1 has passed the
+    // wait that ended slice s - 1, so every thread had arrived in slice s - 1, after its last
+    // read of slice s - 2's buffer (a slice's last fragments load one k step early). With two
+    // buffers that is the buffer written, so the store must come in the last k step (then its
+    // arrival also follows every read of slice s - 1's own buffer); a third buffer lets it come
+    // earlier.
     static_assert(Cfg::kSubM % 2 == 0, "the last k step's FMAs split in two halves");
     uint64_t* barrier_storage = reinterpret_cast<uint64_t*>(
         reinterpret_cast<unsigned char*>(sgemm_smem) + Cfg::kSliceBytes);
@@ -265,27 +268,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     store_slice(0);
     __syncthreads();
     load_fragments(0, 0, fa[0], fb[0]);
+    int buf = 0;
     for (int64_t s = 0; s < slices; ++s) {
-      const int buf = static_cast<int>(s & 1);
+      const int next = buf + 1 == Cfg::kBuffers ? 0 : buf + 1;
       const bool has_next = s + 1 < slices;
       if (has_next) load_slice((s + 1) * BK);
+      auto store_and_arrive = [&] {
+        if (has_next) {
+          store_slice(next);
+          barrier.arrive();
+        }
+      };
 #pragma unroll
       for (int kk = 0; kk + 1 < BK; ++kk) {
         const int cur = kk & 1;
+        if (kk == Cfg::kStoreStep) store_and_arrive();
         load_fragments(buf, kk + 1, fa[cur ^ 1], fb[cur ^ 1]);
         multiply(fa[cur], fb[cur]);
       }
       constexpr int kLast = (BK - 1) & 1;
-      if (has_next) {
-        store_slice(buf ^ 1);
-        barrier.arrive();
-      }
+      if (Cfg::kStoreStep == BK - 1) store_and_arrive();
       multiply_rows(fa[kLast], fb[kLast], 0, Cfg::kSubM / 2);
       if (has_next) {
         barrier.wait(static_cast<uint32_t>(s & 1));
-        load_fragments(buf ^ 1, 0, fa[kLast ^ 1], fb[kLast ^ 1]);
+        load_fragments(next, 0, fa[kLast ^ 1], fb[kLast ^ 1]);
       }
       multiply_rows(fa[kLast], fb[kLast], Cfg::kSubM / 2, Cfg::kSubM);
+      buf = next;
     }
   } else if constexpr (Cfg::kPrefetchAcrossSlices) {
     load_slice(0);
