@@ -81,7 +81,6 @@ METHODS = {
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
     "samattn-hopper-no_fma_exp2": samattn_backend("hopper"),
     "samattn-hopper-no_staged_store": samattn_backend("hopper"),
-    "samattn-hopper-no_look_ahead": samattn_backend("hopper"),
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off
@@ -93,13 +92,11 @@ ENVIRONMENT = {
     "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
     "samattn-hopper-no_fma_exp2": {"SAMATTN_HOPPER_ABLATION": "no_fma_exp2"},
     "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
-    "samattn-hopper-no_look_ahead": {"SAMATTN_HOPPER_ABLATION": "no_look_ahead"},
 }
 TILE_METHODS = ("samattn-hopper-tile1", "samattn-hopper-tile2")
 ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_fma_exp2",
-                    "samattn-hopper-no_staged_store", "samattn-hopper-no_look_ahead")
-ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_fma_exp2": "-fma", "no_staged_store": "-ss",
-                    "no_look_ahead": "-la"}
+                    "samattn-hopper-no_staged_store")
+ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_fma_exp2": "-fma", "no_staged_store": "-ss"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
 TILE_LEGEND = {
     64: ("128x128 3 stages 2 Q", "192x128 (3 consumer warpgroups) 3 stages 2 Q",
@@ -334,11 +331,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tiles", action="store_true",
                         help="leave out the tile variants even where the build has them")
     parser.add_argument("--ablations", nargs="*", default=[],
-                        choices=["no_pingpong", "no_fma_exp2", "no_staged_store",
-                                 "no_look_ahead"],
+                        choices=["no_pingpong", "no_fma_exp2", "no_staged_store"],
                         help="also the Hopper path without ping-pong / (head dim 64) exp2 on "
-                             "the FMA pipe / O staged through shared memory / the next tile's "
-                             "first S GEMM issued before the epilogue")
+                             "the FMA pipe / O staged through shared memory")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

@@ -530,14 +530,6 @@ TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
   expect_ablation_bit_identical("no_staged_store");
 }
 
-// The look-ahead only moves when the next tile's first S GEMM is issued. Here each causal unit
-// pairs two tiles, so it runs between them; the persistent_many_tiles cases check the step from
-// one unit to the next against the reference.
-TEST(HopperGpuRuns, LookAheadOffIsBitIdentical) {
-  SKIP_WITHOUT_HOPPER();
-  expect_ablation_bit_identical("no_look_ahead");
-}
-
 // Head dim 64 with every exponential on the MUFU: still within the bound of the reference.
 TEST(HopperGpuRuns, AblationsStayWithinTheBound) {
   SKIP_WITHOUT_HOPPER();

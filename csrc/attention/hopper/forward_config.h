@@ -95,14 +95,13 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
   return forward_tile(head_dim, default_tile_variant(head_dim));
 }
 
-// Four of the kernel's features as run-time switches, so one benchmark run can measure
-// what each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; all on
+// Three of the kernel's features as run-time switches, so one benchmark run can measure
+// what each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; both on
 // unless it names them).
 struct ForwardKernelOptions {
   bool pingpong = true;      // consumer warpgroups take turns issuing their GEMMs
   bool exp2_on_fma = true;   // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
   bool staged_store = true;  // O leaves through shared memory in 16-byte stores (two Q buffers)
-  bool look_ahead = true;    // the next tile's first S GEMM runs during the epilogue (two Q buffers)
 };
 
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the

@@ -9,9 +9,8 @@
 // GEMMs are issued back to back and only S_j is waited for. Across warpgroups, named barriers
 // pass a turn around (ping-pong): a warpgroup issues its GEMM pair only in its turn, so one
 // warpgroup's softmax runs while the other's GEMMs hold the tensor cores. The output is
-// normalised in registers and stored (through shared memory where the tile allows); with two Q
-// buffers the next tile's first S GEMM is issued before that epilogue, so the tensor cores work
-// on it while the warpgroup stores (the look-ahead).
+// normalised in registers and stored straight to global memory (plain stores drain on their own;
+// the warpgroup goes on to its next tile, whose Q and first K/V the producer has already loaded).
 #pragma once
 
 #include "attention/hopper/forward_softmax.cuh"
@@ -111,14 +110,6 @@ __device__ __forceinline__ void consumer_loop(
   const bool stage_o = kCanStageO && params.options.staged_store;
   // The named barrier of warpgroup w's staged output, after the turns' ids.
   const int stage_o_barrier = kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup;
-  // Look-ahead: once a tile's last P V GEMM has landed, the next tile's first S GEMM is issued
-  // before the tile's epilogue, so the tensor cores compute it while the warpgroup normalises
-  // and stores O (ncu at 8 key blocks per tile: waiting for that GEMM was part of the 12% of
-  // consumer samples in the tile prologue). It needs the next tile's Q already loaded: with one
-  // Q buffer that load waits for the current tile to release its buffer, so two buffers only.
-  constexpr bool kCanLookAhead = Traits::kQBuffers > 1;
-  const bool look_ahead = kCanLookAhead && params.options.look_ahead;
-  bool first_s_issued = false;  // this tile's first S is already in tSrS
   typename Traits::PipelineState state;
   int tile_iteration = 0;
   turn.start();
@@ -171,27 +162,16 @@ __device__ __forceinline__ void consumer_loop(
       const int q_buffer = tile_iteration % Traits::kQBuffers;
       auto& q_empty = shared.barrier_q_empty[q_buffer];
       Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-      // The first (last in key order) key block's S = Q K^T into tSrS, not waited for.
-      auto issue_first_s = [&](int buffer) {
-        Tensor q = tSrQ(_, _, _, buffer);
-        pipeline_k.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, q, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-      };
-      if (!first_s_issued) {
-        shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
-      }
+      shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
       if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
         if (!stage_o) q_empty.arrive();
         clear(tOrO);
       } else {
-        // The first block: S, softmax, P; no output yet.
+        // The first (last in key order) block: S, softmax, P; no output yet.
         int n_block = c.n_blocks - 1;
-        if (!first_s_issued) {
-          issue_first_s(q_buffer);
-          warpgroup_wait<0>();
-          finish_operands(tSrS);
-        }
+        pipeline_k.consumer_wait(state);
+        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
+            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
         pipeline_k.consumer_release(state);
         if (n_block == 0 && !stage_o) q_empty.arrive();
         float rescale[2];
@@ -231,90 +211,65 @@ __device__ __forceinline__ void consumer_loop(
         pipeline_v.consumer_release(state);
         ++state;
       }
+
       // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
       // zeros and lse = -inf; a NaN sum stays NaN.
-      auto store_tile = [&] {
-        float total[2], inverse[2];
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          total[r] = quad_sum(softmax.row_sum[r]);
-          inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
-        }
-        Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
-                       int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
-        // Accumulator pair (i, i + 1) normalised and rounded to the output type.
-        auto output_pair = [&](int i) {
-          const float scale = inverse[(i / 2) % 2];
-          return pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
-        };
-        if (stage_o) {
-          Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
-          CUTE_UNROLL
-          for (int i = 0; i < size(tOrO); i += 2) {
-            *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
-          }
-          named_barrier_sync(stage_o_barrier, 128);
-          // A warp's lanes take consecutive chunks of a row: whole 128-byte lines per store.
-          constexpr int kChunksPerRow = kHeadDim / 8;
-          constexpr int kRowsPerPass = 128 / kChunksPerRow;
-          const int chunk = tid % kChunksPerRow;
-#pragma unroll 1  // unrolled, the reads ran ahead of the stores and ptxas spilled
-          for (int pass = 0; pass < 64 / kRowsPerPass; ++pass) {
-            const int row = warpgroup_first_row + pass * kRowsPerPass + tid % 128 / kChunksPerRow;
-            const uint4 v = *reinterpret_cast<const uint4*>(&sO(row, chunk * 8));
-            if (row < c.rows) {
-              *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * 8) = v;
-            }
-          }
-          // This thread's reads of the buffer come before the producer's next TMA write into it.
-          cutlass::arch::fence_view_async_shared();
-          q_empty.arrive();
-        } else {
-          CUTE_UNROLL
-          for (int i = 0; i < size(tOrO); i += 2) {
-            const int row = get<0>(tOcO(i));
-            if (row < c.rows) {
-              *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
-                  output_pair(i);
-            }
-          }
-        }
-        if (p.lse != nullptr && lane % 4 == 0) {
-          constexpr float kLn2 = 0.6931471805599453f;
-          float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
-                       int64_t{c.h} * p.lse_head_stride + c.m_begin;
-          CUTE_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            if (local_row[r] < c.rows) {
-              lse[local_row[r]] =
-                  total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
-            }
-          }
-        }
+      float total[2], inverse[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        total[r] = quad_sum(softmax.row_sum[r]);
+        inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
+      }
+      Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
+                     int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
+      // Accumulator pair (i, i + 1) normalised and rounded to the output type.
+      auto output_pair = [&](int i) {
+        const float scale = inverse[(i / 2) % 2];
+        return pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
       };
-      // The look-ahead issues the next tile's first S GEMM, runs the epilogue and waits for the
-      // GEMM on that path only: with the accumulator in flight across a merge of paths (or the
-      // tile loop's back edge), ptxas serialised every wgmma of the kernel.
-      int next_buffer = -1;  // the next tile's Q buffer when the look-ahead takes it
-      if (look_ahead) {
-        const bool next_in_unit = half + 1 < tiles;
-        const int32_t next_unit = next_in_unit ? unit : unit + static_cast<int32_t>(gridDim.x);
-        if (next_unit < schedule.units) {
-          const TileCoords next = tile_coords<Traits::kBlockM, kBlockN>(
-              g, schedule.tile(next_unit, next_in_unit ? half + 1 : 0));
-          // The producer loads no K for a tile without keys.
-          if (next.n_blocks > 0) next_buffer = (tile_iteration + 1) % Traits::kQBuffers;
+      if (stage_o) {
+        Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); i += 2) {
+          *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
+        }
+        named_barrier_sync(stage_o_barrier, 128);
+        // A warp's lanes take consecutive chunks of a row: whole 128-byte lines per store.
+        constexpr int kChunksPerRow = kHeadDim / 8;
+        constexpr int kRowsPerPass = 128 / kChunksPerRow;
+        const int chunk = tid % kChunksPerRow;
+#pragma unroll 1  // unrolled, the reads ran ahead of the stores and ptxas spilled
+        for (int pass = 0; pass < 64 / kRowsPerPass; ++pass) {
+          const int row = warpgroup_first_row + pass * kRowsPerPass + tid % 128 / kChunksPerRow;
+          const uint4 v = *reinterpret_cast<const uint4*>(&sO(row, chunk * 8));
+          if (row < c.rows) {
+            *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * 8) = v;
+          }
+        }
+        // This thread's reads of the buffer come before the producer's next TMA write into it.
+        cutlass::arch::fence_view_async_shared();
+        q_empty.arrive();
+      } else {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); i += 2) {
+          const int row = get<0>(tOcO(i));
+          if (row < c.rows) {
+            *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+                output_pair(i);
+          }
         }
       }
-      first_s_issued = next_buffer >= 0;
-      if (first_s_issued) {
-        shared.barrier_q_full[next_buffer].wait(((tile_iteration + 1) / Traits::kQBuffers) & 1);
-        issue_first_s(next_buffer);
-        store_tile();
-        warpgroup_wait<0>();
-        finish_operands(tSrS);
-      } else {
-        store_tile();
+      if (p.lse != nullptr && lane % 4 == 0) {
+        constexpr float kLn2 = 0.6931471805599453f;
+        float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
+                     int64_t{c.h} * p.lse_head_stride + c.m_begin;
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          if (local_row[r] < c.rows) {
+            lse[local_row[r]] =
+                total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
+          }
+        }
       }
     }
   }

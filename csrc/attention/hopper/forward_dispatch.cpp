@@ -110,12 +110,10 @@ ForwardKernelOptions forward_options_from_environment() {
       options.exp2_on_fma = false;
     } else if (item == "no_staged_store") {
       options.staged_store = false;
-    } else if (item == "no_look_ahead") {
-      options.look_ahead = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_fma_exp2, no_staged_store and no_look_ahead, got '",
+                    "no_pingpong, no_fma_exp2 and no_staged_store, got '",
                     value, "'");
     }
   }

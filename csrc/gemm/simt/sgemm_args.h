@@ -153,10 +153,12 @@ using Sgemm128x256x16Stages3 = SgemmConfig<128, 256, 16, 64, 64, 8, 16, 1, true,
 using Sgemm128x128x8Stages4 = SgemmConfig<128, 128, 8, 64, 32, 8, 8, 2, true, 4>;
 using Sgemm128x128x16Stages3 = SgemmConfig<128, 128, 16, 64, 32, 8, 8, 2, true, 3>;
 using Sgemm128x128x8Lane8x16Stages4 = SgemmConfig<128, 128, 8, 64, 64, 8, 16, 2, true, 4>;
-// H200, bench_gemm --sgemm-variants (commit 2771218): 128x256x8 with the cross-slice prefetch
-// measured 0.90x cuBLAS at 4096^3 and 8192^3, the best of seven (benchmarks/NOTES.md).
-// The cp.async ring variants (`Stages`) measured 0.84-0.88 in the same runs (commit 9cfc856).
-using ShippedSgemm = Sgemm128x256x8Pf;
+// H200, bench_gemm --sgemm-variants: 128x256x8 with the cross-slice prefetch measured 0.89-0.905x
+// cuBLAS at 4096^3 and 8192^3 over five runs; the cp.async rings (`Stages`) 0.84-0.88 (commit
+// 9cfc856). Its split-barrier form with the next slice stored before k step 5 (three buffers)
+// measured 0.909 / 0.916 in the same run as 0.895 / 0.900 for the plain one (commit 8d4d5b7;
+// benchmarks/NOTES.md).
+using ShippedSgemm = Sgemm128x256x8PfSplitStore5;
 using FewTilesSgemm = Sgemm128x128x8;
 
 // The largest block height of the configurations above (for sgemm_supports' grid limit).
