@@ -26,13 +26,14 @@ bool simt_forced_by_environment() {
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
   const bool hopper_ok = params.backend != Backend::kTensorCore && hopper::supports(params).ok();
-  if (params.backend == Backend::kHopper && !params.mask.any()) {
+  if (params.backend == Backend::kHopper && (hopper_ok || !params.mask.any())) {
     SAMATTN_CHECK(hopper_ok, hopper::supports(params).message());
     return Backend::kHopper;
   }
   if (params.backend != Backend::kTensorCore && hopper_ok) return Backend::kHopper;
-  // Masks, varlen and sparse patterns (which the Hopper forward declines so far, even when asked
-  // for) run on the tensor-core masked kernel for float16/bfloat16, else on SIMT.
+  // Masks, varlen and sparse patterns (which the Hopper forward declines, even when asked for;
+  // it takes a sliding window) run on the tensor-core masked kernel for float16/bfloat16, else
+  // on SIMT.
   const Status tensor_core = tensor_core::supports(params);
   if (params.backend == Backend::kTensorCore) {
     SAMATTN_CHECK(tensor_core.ok(), tensor_core.message());

@@ -475,8 +475,11 @@ def dense_masks(q, k, options, attn_mask=None, block_sparse=None):
 
 
 def uses_tensor_cores(q, k, v, options, attn_mask=None, block_sparse=None, backend="auto"):
+    """True when the forward runs on the sm80 masked kernel or (a sliding window with kv_stride
+    1) the Hopper one: both round P to the dtype, so both take the tensor-core rule."""
     return samattn.selected_backend(q, k, v, backend=backend, attn_mask=attn_mask,
-                                    block_sparse=block_sparse, **options) == "tensor_core"
+                                    block_sparse=block_sparse, **options) in ("tensor_core",
+                                                                              "hopper")
 
 
 def check_forward(out, lse, q, k, v, options, *, attn_mask=None, block_sparse=None,
@@ -571,7 +574,8 @@ HEAVY_TC_PATTERNS = {"window_causal_1000", "strided_l128_1000", "strided_l100_gq
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("name", [heavy(n) if n in HEAVY_TC_PATTERNS else n for n in TC_PATTERNS])
 def test_gpu_tensor_core_patterns_forward_and_backward(name, dtype):
-    """Forced onto the tensor cores; "auto" picks the same kernels for these calls."""
+    """Forced onto the sm80 tensor-core kernels; "auto" picks them or (a window with kv_stride
+    1 on Hopper) the Hopper forward, under the same rule."""
     shape, options = TC_PATTERNS[name]
     backend = "tensor_core"
     q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", seed=61)

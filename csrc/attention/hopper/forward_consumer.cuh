@@ -120,10 +120,14 @@ __device__ __forceinline__ void consumer_loop(
       const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(unit, half));
       const int first_masked_block =
           first_masked_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row);
+      const int first_unclipped_block =
+          first_unclipped_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row + 63);
 
-      // Scores of key block n_block (in tSrS) -> probabilities; rescale as in RowSoftmax.
-      auto softmax_block = [&](int n_block, float(&rescale)[2]) {
-        const bool needs_mask = n_block >= first_masked_block;
+      // Scores of key block n_block (counted from c.n_first, in tSrS) -> probabilities; rescale
+      // as in RowSoftmax.
+      auto softmax_block = [&](int relative_block, float(&rescale)[2]) {
+        const int n_block = c.n_first + relative_block;
+        const bool needs_mask = n_block >= first_masked_block || n_block < first_unclipped_block;
         if (!needs_mask && fuse_scale) {
           constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
           if constexpr (kFmaShare > 0) {
@@ -137,7 +141,24 @@ __device__ __forceinline__ void consumer_loop(
         }
         CUTE_UNROLL
         for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-        if (needs_mask) {
+        if (needs_mask && g.windowed) {
+          int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+            const detail::Span span = window_key_span(g, row);
+            const int64_t block_begin = int64_t{n_block} * kBlockN;
+            low[r] =
+                static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
+            limit[r] =
+                static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
+          }
+          CUTE_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            const int column = get<1>(tScS(i));
+            if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
+          }
+        } else if (needs_mask) {
           int limit[2];
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {

@@ -28,10 +28,18 @@ Status supports(const AttentionParams& p) {
   return unsupported(
       "this build: the sm_90a kernels were not compiled (no CuTe headers at configure time)");
 #else
-  if (p.mask.any()) {
+  // A sliding window is a per-row key range (with causal, kv_stride and the sequence ends);
+  // the other options need the masked kernels' per-element work or per-sequence lengths.
+  const MaskOptions& m = p.mask;
+  if (m.has_element_mask() || m.has_block_map() || m.pattern != SparsePattern::kNone ||
+      m.is_varlen()) {
     return unsupported(
-        "attn_mask, block-sparse maps, window, sparse patterns and varlen (they "
-        "run on the SIMT kernels)");
+        "attn_mask, block-sparse maps, sparse patterns and varlen (they run on the tensor-core "
+        "masked or SIMT kernels; a sliding window alone runs here)");
+  }
+  if (m.has_window() && p.kv_stride != 1) {
+    return unsupported(detail::concat("a sliding window with kv_stride ", p.kv_stride,
+                                      " (the window runs here with kv_stride 1)"));
   }
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return unsupported(

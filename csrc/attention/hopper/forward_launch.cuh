@@ -82,7 +82,9 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       static_cast<int32_t>(std::min(p.kv_stride, std::max<int64_t>(p.seqlen_q, 1))),
       static_cast<int32_t>(p.heads_q),
       static_cast<int32_t>(p.group_size),
-      p.causal};
+      p.causal,
+      p.has_policy,  // supports() takes a window (with kv_stride 1) and no pattern
+      p.policy};
   HopperForwardParams<Element, kHeadDim, kVariant> params{
       p,
       geometry,

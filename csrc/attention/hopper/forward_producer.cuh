@@ -54,15 +54,16 @@ __device__ __forceinline__ void producer_loop(
       Tensor tKsK = get<1>(k_copy);  // (TMA, stage)
       Tensor tVgV = get<0>(v_copy);
       Tensor tVsV = get<1>(v_copy);
+      // n_block counts from the tile's first key block (c.n_first).
       auto load_k = [&](int n_block) {
         pipeline_k.producer_acquire(state);
-        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0), tKgK(_, n_block),
-             tKsK(_, state.index()));
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0),
+             tKgK(_, c.n_first + n_block), tKsK(_, state.index()));
       };
       auto load_v = [&](int n_block) {
         pipeline_v.producer_acquire(state);
-        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0), tVgV(_, n_block),
-             tVsV(_, state.index()));
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0),
+             tVgV(_, c.n_first + n_block), tVsV(_, state.index()));
         ++state;
       };
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.

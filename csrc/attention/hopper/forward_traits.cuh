@@ -15,6 +15,7 @@
 #include "attention/hopper/forward_config.h"
 #include "attention/hopper/forward_scheduler.h"
 #include "attention/kernel_params.h"
+#include "attention/mask_policy.h"
 
 namespace samattn::hopper {
 
@@ -111,6 +112,12 @@ struct TileGeometry {
   int32_t heads_q;
   int32_t group_size;  // heads_q / heads_kv
   bool causal;
+  // A sliding window (mask_policy.h's visible_key_span, causal included in `policy`), with
+  // kv_stride 1 (supports()): a constant stride of 1 leaves no division in the kernel, whose
+  // 64-bit form spilled registers next to the key loop's accumulators. Off, the int32 causal
+  // arithmetic above is all that runs.
+  bool windowed;
+  detail::MaskPolicy policy;
 };
 
 template <typename Element, int kHeadDim, int kVariant>
@@ -132,13 +139,31 @@ struct TileCoords {
   int32_t m_block;
   int32_t m_begin;   // first query row
   int32_t rows;      // valid query rows in the tile (the rest are past seqlen_q)
-  int32_t n_blocks;  // key blocks the tile's rows can see, walked from the last to the first
+  int32_t n_first;   // the first key block any row sees (0 without a window)
+  int32_t n_blocks;  // key blocks n_first, n_first + 1, ...: walked from the last to the first
 };
 
 // One past the last logical key query row `row` (< seqlen_q) sees: key n is visible to query i
-// iff n < kept_keys and, when causal, n * kv_stride <= i.
+// iff n < kept_keys and, when causal, n * kv_stride <= i. Without a window.
 __device__ __forceinline__ int32_t row_key_end(const TileGeometry& g, int32_t row) {
   return g.causal ? min(row / g.kv_stride + 1, g.kept_keys) : g.kept_keys;
+}
+
+// The logical keys [begin, end) query row `row` (< seqlen_q) sees with the window (both ends
+// within [0, kept_keys] and non-decreasing in row).
+__device__ __forceinline__ detail::Span window_key_span(const TileGeometry& g, int32_t row) {
+  return detail::visible_key_span(g.policy, row, g.kept_keys, /*kv_stride=*/1);
+}
+
+// The first key block (from the low end) in which every key is at or past where the window of
+// `last_row` (capped at the last row) starts, so no row up to it is cut off on the left: blocks
+// below it need masking. 0 without a window.
+template <int kBlockN>
+__device__ __forceinline__ int32_t first_unclipped_key_block(const TileGeometry& g,
+                                                             int32_t last_row) {
+  if (!g.windowed) return 0;
+  const int64_t begin = window_key_span(g, min(last_row, g.seqlen_q - 1)).begin;
+  return static_cast<int32_t>((begin + kBlockN - 1) / kBlockN);
 }
 
 // The first key block (blocks are numbered from 0 at key 0; the consumers walk them downwards)
@@ -148,6 +173,9 @@ __device__ __forceinline__ int32_t row_key_end(const TileGeometry& g, int32_t ro
 template <int kBlockN>
 __device__ __forceinline__ int32_t first_masked_key_block(const TileGeometry& g,
                                                           int32_t first_row) {
+  if (g.windowed) {
+    return static_cast<int32_t>(window_key_span(g, min(first_row, g.seqlen_q - 1)).end / kBlockN);
+  }
   int32_t first = g.kept_keys / kBlockN;
   if (g.causal) {
     // (n + 1) * kBlockN - 1 > row / kv_stride (floored)  <=>  n >= (that + 1) / kBlockN.
@@ -166,7 +194,16 @@ __device__ __forceinline__ TileCoords tile_coords(const TileGeometry& g, QueryTi
   c.m_block = tile.m_block;
   c.m_begin = tile.m_block * kBlockM;
   c.rows = min(kBlockM, g.seqlen_q - c.m_begin);
+  if (g.windowed) {
+    // The tile's rows see keys from its first row's window start to its last row's window end.
+    const int64_t begin = window_key_span(g, c.m_begin).begin;
+    const int64_t end = window_key_span(g, c.m_begin + c.rows - 1).end;
+    c.n_first = static_cast<int32_t>(begin / kBlockN);
+    c.n_blocks = max(0, static_cast<int32_t>((end + kBlockN - 1) / kBlockN) - c.n_first);
+    return c;
+  }
   const int32_t key_end = row_key_end(g, c.m_begin + c.rows - 1);
+  c.n_first = 0;
   c.n_blocks = (key_end + kBlockN - 1) / kBlockN;
   return c;
 }
