@@ -235,6 +235,28 @@ TEST(GemmGpuTf32, MatchesReferenceWithinTf32Bound) {
   }
 }
 
+// The fp32 SGEMM's large-tile kernel runs only where its 128 x 256 tiles outnumber the SMs (the
+// cases above take the 128 x 128 one): here one more tile row than that, with m, n and k tails,
+// k-fast A (transposed into shared memory) and m-fast A (vector stores), alpha and beta.
+TEST(GemmGpuSgemm, LargeTileKernelWithTails) {
+  SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  constexpr int64_t kTileM = 128, kTileN = 256, kColumnTiles = 8;
+  const int64_t row_tiles = (sms + kColumnTiles - 1) / kColumnTiles + 1;
+  const int64_t m = row_tiles * kTileM - 37, n = kColumnTiles * kTileN - 100, k = 777;
+  for (bool trans_a : {false, true}) {
+    SCOPED_TRACE(trans_a ? "m-fast A" : "k-fast A");
+    GemmLayout l;
+    l.trans_a = trans_a;
+    l.alpha = 0.5;
+    l.beta = trans_a ? 2.0 : 0.0;
+    GemmProblem problem(m, n, k, DType::kFloat32, l, trans_a ? 21 : 22);
+    run_and_check(problem, "simt");
+  }
+}
+
 TEST(GemmGpuKernels, Float32StaysIeeeUnlessTf32Allowed) {
   SKIP_WITHOUT_GPU();
   GemmProblem problem(256, 256, 256, DType::kFloat32, GemmLayout{}, 1);
