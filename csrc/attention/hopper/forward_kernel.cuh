@@ -8,7 +8,9 @@
 // (forward_consumer.cuh): 64 query rows each, wgmma for S = Q K^T and O += P V, the online
 // softmax in registers, ping-pong turns between them, and the output stored from registers.
 // Key blocks are walked from the last to the first, as in the sm80 kernel, so the blocks that
-// need masking (the end of the keys, the causal diagonal) come first. Rows and keys past the
+// need masking (the end of the keys, the causal diagonal) come first. With a sliding window a
+// tile walks only the blocks its rows' windows reach, and the block where they start is masked
+// too (forward_traits.cuh's window helpers). Rows and keys past the
 // tensors' ends are zero-filled by TMA; keys past the end are masked with -inf, rows past the
 // end are never stored.
 #pragma once
