@@ -336,6 +336,26 @@ struct DeviceRun {
   }
 };
 
+// Runs the forward of `dev` and checks its output against the FlashAttention-3 bound and its lse
+// against the reference's (-inf exactly where the reference has it).
+void run_forward_and_check(const DeviceRun& dev, const Problem& pb, const HostTensor& ref,
+                           const HostTensor& rounded, const std::string& name) {
+  attention_forward(dev.params, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(pb.dtype, pb.out.size());
+  dev.out.download(got.data());
+  EXPECT_TRUE(within_fa3_bound(got, rounded, ref, pb.dtype)) << name;
+  std::vector<float> lse(pb.lse.size());
+  dev.lse.download(lse.data());
+  for (size_t r = 0; r < lse.size(); ++r) {
+    if (std::isinf(pb.lse[r])) {
+      EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << r << " got " << lse[r];
+    } else {
+      EXPECT_NEAR(lse[r], pb.lse[r], 1e-5 * (1 + std::fabs(pb.lse[r]))) << "row " << r;
+    }
+  }
+}
+
 class MaskTensorCore : public ::testing::TestWithParam<std::tuple<TcMaskCase, DType>> {};
 
 TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
@@ -350,20 +370,7 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
 
   DeviceRun dev(pb, masks, c.workspace);
   ASSERT_EQ(select_backend(dev.params), Backend::kTensorCore);
-  attention_forward(dev.params, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  HostTensor got(dtype, pb.out.size());
-  dev.out.download(got.data());
-  EXPECT_TRUE(within_fa3_bound(got, rounded, ref, dtype)) << c.name;
-  std::vector<float> lse(pb.lse.size());
-  dev.lse.download(lse.data());
-  for (size_t r = 0; r < lse.size(); ++r) {
-    if (std::isinf(pb.lse[r])) {
-      EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << r << " got " << lse[r];
-    } else {
-      EXPECT_NEAR(lse[r], pb.lse[r], 1e-5 * (1 + std::fabs(pb.lse[r]))) << "row " << r;
-    }
-  }
+  run_forward_and_check(dev, pb, ref, rounded, c.name);
 
   // Backward on the reference's output and lse: the fp64 reference backward vs the masked
   // tensor-core kernels (atomic dQ), every gradient poisoned first.
@@ -480,25 +487,10 @@ std::vector<TcMaskCase> hopper_window_cases() {
   };
 }
 
-// Empty when this machine and build run the Hopper forward; else why not.
-std::string hopper_forward_skip_reason() {
-  if (!gpu_available()) return "no CUDA GPU";
-  Problem pb({1, 1, 1, 64, 64, 64, 64}, DType::kBFloat16, false, 1);
-  DeviceRun dev(pb, HostMasks{}, false);
-  dev.params.backend = Backend::kHopper;
-  try {
-    select_backend(dev.params);
-  } catch (const Error& error) {
-    return std::string("hopper forward unavailable: ") + error.what();
-  }
-  return "";
-}
-
 class MaskHopper : public ::testing::TestWithParam<std::tuple<TcMaskCase, DType>> {};
 
 TEST_P(MaskHopper, WindowForwardMatchesReference) {
-  const std::string reason = hopper_forward_skip_reason();
-  if (!reason.empty()) GTEST_SKIP() << reason;
+  SKIP_WITHOUT_HOPPER();
   const auto& [c, dtype] = GetParam();
   Problem pb(c.shape, dtype, false, std::hash<std::string>{}(c.name));
   apply_options(c, pb.params);
@@ -510,20 +502,7 @@ TEST_P(MaskHopper, WindowForwardMatchesReference) {
   ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
   dev.params.backend = Backend::kAuto;  // the default dispatch takes the same path
   ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
-  attention_forward(dev.params, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  HostTensor got(dtype, pb.out.size());
-  dev.out.download(got.data());
-  EXPECT_TRUE(within_fa3_bound(got, rounded, ref, dtype)) << c.name;
-  std::vector<float> lse(pb.lse.size());
-  dev.lse.download(lse.data());
-  for (size_t r = 0; r < lse.size(); ++r) {
-    if (std::isinf(pb.lse[r])) {
-      EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << r << " got " << lse[r];
-    } else {
-      EXPECT_NEAR(lse[r], pb.lse[r], 1e-5 * (1 + std::fabs(pb.lse[r]))) << "row " << r;
-    }
-  }
+  run_forward_and_check(dev, pb, ref, rounded, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopper,
@@ -537,8 +516,7 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopper,
 // A window with kv_stride > 1 stays on the tensor-core masked kernel (the Hopper forward takes
 // the window with kv_stride 1 only), even when the Hopper path is asked for.
 TEST(MaskHopperDispatch, WindowWithKvStrideStaysOnTheMaskedKernel) {
-  const std::string reason = hopper_forward_skip_reason();
-  if (!reason.empty()) GTEST_SKIP() << reason;
+  SKIP_WITHOUT_HOPPER();
   Problem pb({1, 2, 2, 200, 260, 128, 128}, DType::kBFloat16, false, 3);
   pb.params.kv_stride = 3;
   pb.params.mask.window_left = 90;

@@ -218,39 +218,6 @@ void check_against_reference(const Case& c, Backend backend) {
   }
 }
 
-// Why the Hopper tests cannot run here, or "" when they can: they need a compute capability 9.0
-// GPU and a library built with the sm_90a kernels (SAMATTN_HAVE_SM90).
-std::string hopper_skip_reason() {
-  if (!gpu_available()) return "no CUDA GPU";
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-      major != 9 || minor != 0) {
-    return "no compute capability 9.0 GPU";
-  }
-  Problem pb({1, 1, 1, 8, 8, 64, 64}, DType::kBFloat16);
-  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
-  AttentionParams p = pb.params;
-  p.q = q.get();
-  p.k = k.get();
-  p.v = v.get();
-  p.out = out.get();
-  p.backend = Backend::kHopper;
-  try {
-    select_backend(p);
-  } catch (const Error& error) {
-    return std::string("hopper backend unavailable: ") + error.what();
-  }
-  return "";
-}
-
-#define SKIP_WITHOUT_HOPPER()                        \
-  do {                                               \
-    const std::string reason = hopper_skip_reason(); \
-    if (!reason.empty()) GTEST_SKIP() << reason;     \
-  } while (0)
-
 class TensorCoreGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorCoreGpu, MatchesReference) {
