@@ -4,6 +4,7 @@
 // atol, where `emulated` is the fp64 reference with the same roundings done on the host
 // (low_precision_reference below).
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -490,11 +491,64 @@ TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
   expect_ablation_bit_identical("no_pingpong");
 }
 
-// The staged store only changes how O's bytes travel (through shared memory in 16-byte
-// chunks, or straight from the registers); the partial tiles take its row checks.
+// The staged store only changes how O's bytes travel (through shared memory and a TMA store,
+// or straight from the registers); the partial tiles take its clipping at seqlen_q.
 TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
   SKIP_WITHOUT_HOPPER();
   expect_ablation_bit_identical("no_staged_store");
+}
+
+// The output as a view into a larger buffer: sequence-major, 16 bytes of padding after every
+// (row, head) and more rows than seqlen_q. The view must get the bytes a dense output gets and
+// every other byte must keep its value (the TMA store clips the last tile at seqlen_q).
+TEST(HopperGpuRuns, OutputViewGetsTheDenseBytesAndNothingElseChanges) {
+  SKIP_WITHOUT_HOPPER();
+  constexpr uint16_t kSentinel = 0x7fa5;  // a bf16 NaN the kernel never writes
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(d);
+    const Shape shape{2, 3, 3, 300, 200, d, d};
+    Problem pb(shape, DType::kBFloat16);
+    pb.params.causal = true;
+    const HostTensor dense = run_on_device(pb, Backend::kHopper, nullptr);
+    const int64_t padded_dim = d + 8, rows = 320;
+    const Strides view{rows * shape.heads_q * padded_dim, padded_dim, shape.heads_q * padded_dim};
+    std::vector<uint16_t> buffer(shape.batch * view.batch, kSentinel);
+    DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(buffer.size() * sizeof(uint16_t));
+    ASSERT_EQ(cudaMemcpy(out.get(), buffer.data(), buffer.size() * sizeof(uint16_t),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    AttentionParams p = pb.params;
+    p.q = q.get();
+    p.k = k.get();
+    p.v = v.get();
+    p.out = out.get();
+    p.out_strides = view;
+    p.backend = Backend::kHopper;
+    attention_forward(p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    out.download(buffer.data());
+    const auto* dense_bits = reinterpret_cast<const uint16_t*>(dense.data());
+    int64_t wrong = 0;
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      for (int64_t s = 0; s < rows; ++s) {
+        for (int64_t h = 0; h < shape.heads_q; ++h) {
+          for (int64_t e = 0; e < padded_dim; ++e) {
+            const uint16_t got = buffer[b * view.batch + s * view.seq + h * view.head + e];
+            const bool inside = s < shape.seqlen_q && e < d;
+            const uint16_t want =
+                inside ? dense_bits[((b * shape.heads_q + h) * shape.seqlen_q + s) * d + e]
+                       : kSentinel;
+            if (got != want && wrong++ == 0) {
+              ADD_FAILURE() << "batch " << b << " row " << s << " head " << h << " element " << e
+                            << (inside ? " (in the view)" : " (outside the view)") << ": got 0x"
+                            << std::hex << got << ", expected 0x" << want << std::dec;
+            }
+          }
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
 }
 
 // Head dim 64 with every exponential on the MUFU: still within the bound of the reference.

@@ -9,8 +9,8 @@
 // GEMMs are issued back to back and only S_j is waited for. Across warpgroups, named barriers
 // pass a turn around (ping-pong): a warpgroup issues its GEMM pair only in its turn, so one
 // warpgroup's softmax runs while the other's GEMMs hold the tensor cores. The output is
-// normalised in registers and stored straight to global memory (plain stores drain on their own;
-// the warpgroup goes on to its next tile, whose Q and first K/V the producer has already loaded).
+// normalised in registers, staged in shared memory and stored by TMA (the warpgroup goes on to
+// its next tile, whose Q and first K/V the producer has already loaded).
 #pragma once
 
 #include "attention/hopper/forward_softmax.cuh"
@@ -99,17 +99,30 @@ __device__ __forceinline__ void consumer_loop(
   const bool fuse_scale = scale_log2 > 0.f;
   RowSoftmax softmax;
   // O through shared memory: each warpgroup writes its rows into its own rows of the tile's Q
-  // buffer (free once its last S GEMM is done) and reads them back as 16-byte chunks, so the
-  // tile leaves in 16-byte stores along rows, not 4-byte ones scattered over 8 rows per warp
-  // (ncu at 8 key blocks per tile: the 4-byte stores filled the store queue; NOTES.md). The Q
-  // buffer is then released after the epilogue instead of after the last S GEMM, which with one
-  // Q buffer would hold back the next tile's Q: two buffers only. Not with three consumer
-  // warpgroups either: under their 128-register launch bound it spilled 68 bytes (ptxas).
-  // supports() has required O's base and strides to be 16-byte multiples.
+  // buffer (free once its last S GEMM is done) and one of its threads hands them to the copy
+  // engine as a TMA store, so the warpgroup goes on to its next tile without issuing a global
+  // store (ncu at 8 key blocks per tile: 4-byte stores from registers filled the store queue,
+  // and 16-byte stores read back from shared memory still took the warps' time; NOTES.md). The
+  // Q buffer is released once the copy engine has read it, which the storing thread checks
+  // after its next tile's first block: with one Q buffer that would hold back the next tile's
+  // Q, so two buffers only. Not with three consumer warpgroups either: under their 128-register
+  // launch bound ptxas spilled 64 bytes. supports() has required TMA-compatible O strides.
   constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups == 2;
   const bool stage_o = kCanStageO && params.options.staged_store;
   // The named barrier of warpgroup w's staged output, after the turns' ids.
   const int stage_o_barrier = kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup;
+  const bool stores_o = tid % 128 == 0;  // the thread that issues its warpgroup's TMA store
+  int stored_q_buffer = -1;  // the Q buffer of this warpgroup's last TMA store not yet released
+  // The storing thread's release of that buffer, once the copy engine has read it (the other
+  // threads released it after staging).
+  auto release_stored_q_buffer = [&]() {
+    if (stored_q_buffer < 0) return;
+    if (stores_o) {
+      tma_store_wait<0>();
+      shared.barrier_q_empty[stored_q_buffer].arrive();
+    }
+    stored_q_buffer = -1;
+  };
   typename Traits::PipelineState state;
   int tile_iteration = 0;
   turn.start();
@@ -186,6 +199,7 @@ __device__ __forceinline__ void consumer_loop(
       shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
       if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
         if (!stage_o) q_empty.arrive();
+        release_stored_q_buffer();
         clear(tOrO);
       } else {
         // The first (last in key order) block: S, softmax, P; no output yet.
@@ -198,6 +212,7 @@ __device__ __forceinline__ void consumer_loop(
         float rescale[2];
         softmax_block(n_block, rescale);
         convert_p();
+        release_stored_q_buffer();
         // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
         // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
         // tensor cores still work on the second GEMM.
@@ -254,22 +269,26 @@ __device__ __forceinline__ void consumer_loop(
         for (int i = 0; i < size(tOrO); i += 2) {
           *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
         }
-        named_barrier_sync(stage_o_barrier, 128);
-        // A warp's lanes take consecutive chunks of a row: whole 128-byte lines per store.
-        constexpr int kChunksPerRow = kHeadDim / 8;
-        constexpr int kRowsPerPass = 128 / kChunksPerRow;
-        const int chunk = tid % kChunksPerRow;
-#pragma unroll 1  // unrolled, the reads ran ahead of the stores and ptxas spilled
-        for (int pass = 0; pass < 64 / kRowsPerPass; ++pass) {
-          const int row = warpgroup_first_row + pass * kRowsPerPass + tid % 128 / kChunksPerRow;
-          const uint4 v = *reinterpret_cast<const uint4*>(&sO(row, chunk * 8));
-          if (row < c.rows) {
-            *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * 8) = v;
-          }
-        }
-        // This thread's reads of the buffer come before the producer's next TMA write into it.
+        // Every thread's writes, before the copy engine (the async proxy) reads them.
         cutlass::arch::fence_view_async_shared();
-        q_empty.arrive();
+        named_barrier_sync(stage_o_barrier, 128);
+        if (stores_o) {
+          using Rows = typename Traits::OStageRows;
+          Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
+          // Rows past seqlen_q fall outside the descriptor's extent: the copy engine skips them.
+          Tensor gO = local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
+                                 make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup,
+                                            _0{}));
+          Tensor sOwn = local_tile(sO, Shape<Rows, typename Traits::HeadDim>{},
+                                   make_coord(warpgroup, _0{}));
+          auto o_copy = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwn),
+                                      group_modes<0, 2>(gO));
+          copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));
+          tma_store_arrive();
+        } else {
+          q_empty.arrive();
+        }
+        stored_q_buffer = q_buffer;
       } else {
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); i += 2) {
@@ -294,6 +313,8 @@ __device__ __forceinline__ void consumer_loop(
       }
     }
   }
+  // The copy engine must have read the last staged tile before the block's shared memory goes.
+  if (stored_q_buffer >= 0 && stores_o) tma_store_wait<0>();
 }
 
 }  // namespace samattn::hopper

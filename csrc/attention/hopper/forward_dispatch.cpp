@@ -85,8 +85,7 @@ Status supports(const AttentionParams& p) {
   }
   // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
   const int64_t keys = detail::strided_key_count(p);
-  // q, k and v are read through TMA descriptors; the output is written with plain stores of up
-  // to 16 bytes (the staged store's chunks) and needs the 16-byte multiples of the sm80 path.
+  // q, k and v are read and the output is written through TMA descriptors.
   const std::string misaligned[] = {
       detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
                            bytes, detail::StrideRule::kTma),
@@ -97,7 +96,7 @@ Status supports(const AttentionParams& p) {
                 : detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride,
                                        p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma),
       detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
-                           p.seqlen_q, bytes)};
+                           p.seqlen_q, bytes, detail::StrideRule::kTma)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }

@@ -6,13 +6,14 @@
 // producer (forward_producer.cuh): it gives most of its registers away (setmaxnreg) and one of
 // its threads issues every TMA copy. The other warpgroups are the consumers
 // (forward_consumer.cuh): 64 query rows each, wgmma for S = Q K^T and O += P V, the online
-// softmax in registers, ping-pong turns between them, and the output stored from registers.
+// softmax in registers, ping-pong turns between them, and the output staged in shared memory
+// and stored by TMA (or stored from registers when a Q buffer cannot be spared).
 // Key blocks are walked from the last to the first, as in the sm80 kernel, so the blocks that
 // need masking (the end of the keys, the causal diagonal) come first. With a sliding window a
 // tile walks only the blocks its rows' windows reach, and the block where they start is masked
 // too (forward_traits.cuh's window helpers). Rows and keys past the
 // tensors' ends are zero-filled by TMA; keys past the end are masked with -inf, rows past the
-// end are never stored.
+// end are never stored (the TMA store clips them).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -42,6 +43,7 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
     prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
     for (int i = 0; i < Traits::kQBuffers; ++i) {
       shared.barrier_q_full[i].init(1);
       shared.barrier_q_empty[i].init(Traits::kConsumerThreads);

@@ -35,7 +35,8 @@ inline int64_t usable_stride(int64_t stride, int64_t extent, int64_t aligned) {
   return extent > 1 ? stride : aligned;
 }
 
-template <typename Element>
+// Pointee: const Element for what the kernel reads, Element for the output.
+template <typename Pointee>
 auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, int64_t batch,
                  int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
   using namespace cute;
@@ -45,7 +46,8 @@ auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, 
   const GmemStride stride(usable_stride(row_stride, seqlen, aligned), _1{},
                           usable_stride(head_stride, heads, aligned),
                           usable_stride(batch_stride, batch, aligned));
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)), make_layout(shape, stride));
+  return make_tensor(make_gmem_ptr(static_cast<Pointee*>(const_cast<void*>(base))),
+                     make_layout(shape, stride));
 }
 
 }  // namespace detail_launch
@@ -62,19 +64,22 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(schedule.units < sms ? schedule.units : sms);
   const int64_t heads_kv = p.heads_q / p.group_size;
 
-  auto q = detail_launch::gmem_tensor<Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
+  auto q = detail_launch::gmem_tensor<const Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   // With no kept keys the kernel loads no K/V tile, and k/v may be empty allocations (null, or
   // zero strides): their descriptors then describe q instead, which is valid and never read.
   const bool no_keys = p.kept_keys == 0;
   auto k = no_keys ? q
-                   : detail_launch::gmem_tensor<Element>(p.k, p.kept_keys, kHeadDim, heads_kv,
+                   : detail_launch::gmem_tensor<const Element>(p.k, p.kept_keys, kHeadDim, heads_kv,
                                                          p.batch, p.k_row_stride, p.k_head_stride,
                                                          p.k_batch_stride);
   auto v = no_keys ? q
-                   : detail_launch::gmem_tensor<Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
+                   : detail_launch::gmem_tensor<const Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
                                                          p.batch, p.v_row_stride, p.v_head_stride,
                                                          p.v_batch_stride);
+  auto out = detail_launch::gmem_tensor<Element>(p.out, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
+                                                 p.o_row_stride, p.o_head_stride,
+                                                 p.o_batch_stride);
   // supports() has bounded every extent by 2^31 - 1.
   const TileGeometry geometry{
       static_cast<int32_t>(p.seqlen_q),
@@ -93,12 +98,15 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       q.shape(),
       k.shape(),
       v.shape(),
+      out.shape(),
       make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
                     Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutKV{}),
                     Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutKV{}),
                     Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, out, typename Traits::SmemLayoutOStage{},
+                    Shape<typename Traits::OStageRows, typename Traits::HeadDim>{}, _1{}),
   };
 
   const auto kernel = forward_kernel<Element, kHeadDim, kVariant>;

@@ -101,6 +101,20 @@ struct KernelTraits {
       SmemLayout{}, Tile{}, cute::_1{}));
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutKV{})), cute::Shape<BlockN, HeadDim>>;
+
+  // The output leaves by TMA store, one consumer warpgroup's 64 rows at a time, from where that
+  // warpgroup staged them: its own rows of the tile's Q buffer. Rows 64 w .. 64 w + 63 of a Q
+  // buffer have the layout of rows 0 .. 63 (the swizzle atoms stack along the rows first, and
+  // 64 rows are a whole number of 1024-byte swizzle periods), so one descriptor serves all.
+  using OStageRows = cute::_64;
+  using SmemLayoutOStage = decltype(cute::composition(
+      cute::take<0, 2>(SmemLayoutQ{}),
+      cute::make_layout(cute::Shape<OStageRows, HeadDim>{}, cute::Stride<cute::_1, BlockM>{})));
+  using TmaO = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_STORE{},
+      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
+                        GmemStride{}),
+      SmemLayoutOStage{}, cute::Shape<OStageRows, HeadDim>{}, cute::_1{}));
 };
 
 // The sizes the device code computes with, narrowed to int32 on the host (supports() bounds the
@@ -127,10 +141,11 @@ struct HopperForwardParams {
   TileGeometry geometry;
   TileSchedule schedule;
   ForwardKernelOptions options;
-  GmemShape shape_q, shape_k, shape_v;
+  GmemShape shape_q, shape_k, shape_v, shape_o;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
+  typename Traits::TmaO tma_o;
 };
 
 // The (batch, head, rows, key blocks) of one query tile, as every role of the block sees it.
