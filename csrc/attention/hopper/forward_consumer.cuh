@@ -276,11 +276,11 @@ __device__ __forceinline__ void consumer_loop(
           using Rows = typename Traits::OStageRows;
           Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
           // Rows past seqlen_q fall outside the descriptor's extent: the copy engine skips them.
-          Tensor gO = local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
-                                 make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup,
-                                            _0{}));
-          Tensor sOwn = local_tile(sO, Shape<Rows, typename Traits::HeadDim>{},
-                                   make_coord(warpgroup, _0{}));
+          Tensor gO =
+              local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
+                         make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup, _0{}));
+          Tensor sOwn =
+              local_tile(sO, Shape<Rows, typename Traits::HeadDim>{}, make_coord(warpgroup, _0{}));
           auto o_copy = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwn),
                                       group_modes<0, 2>(gO));
           copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));

@@ -64,22 +64,22 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(schedule.units < sms ? schedule.units : sms);
   const int64_t heads_kv = p.heads_q / p.group_size;
 
-  auto q = detail_launch::gmem_tensor<const Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
-                                               p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  auto q =
+      detail_launch::gmem_tensor<const Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
+                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   // With no kept keys the kernel loads no K/V tile, and k/v may be empty allocations (null, or
   // zero strides): their descriptors then describe q instead, which is valid and never read.
   const bool no_keys = p.kept_keys == 0;
   auto k = no_keys ? q
                    : detail_launch::gmem_tensor<const Element>(p.k, p.kept_keys, kHeadDim, heads_kv,
-                                                         p.batch, p.k_row_stride, p.k_head_stride,
-                                                         p.k_batch_stride);
+                                                               p.batch, p.k_row_stride,
+                                                               p.k_head_stride, p.k_batch_stride);
   auto v = no_keys ? q
                    : detail_launch::gmem_tensor<const Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
-                                                         p.batch, p.v_row_stride, p.v_head_stride,
-                                                         p.v_batch_stride);
+                                                               p.batch, p.v_row_stride,
+                                                               p.v_head_stride, p.v_batch_stride);
   auto out = detail_launch::gmem_tensor<Element>(p.out, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
-                                                 p.o_row_stride, p.o_head_stride,
-                                                 p.o_batch_stride);
+                                                 p.o_row_stride, p.o_head_stride, p.o_batch_stride);
   // supports() has bounded every extent by 2^31 - 1.
   const TileGeometry geometry{
       static_cast<int32_t>(p.seqlen_q),
