@@ -15,7 +15,9 @@ with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with 
 `kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run.
 Every method's output is first compared with SDPA flash's on the same inputs (a wrong kernel is
 reported, not timed). Timing: CUDA events, warm-up, inputs rotated past the L2 cache, median of
-at least 10 runs and --budget-ms of measured time (samattn.bench.timing.measure).
+at least 10 runs and --budget-ms of measured time per method, taken in --rounds alternating
+rounds over the shape's methods so that clock drift during the run falls on all of them
+(samattn.bench.timing.measure_interleaved).
 
     python3 benchmarks/bench_hopper_forward.py --out $OUT/hopper_forward.json
 """
@@ -35,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import samattn
 from samattn.bench.configs import DTYPES, AttentionConfig
-from samattn.bench.timing import measure, rotation_count
+from samattn.bench.timing import measure, measure_interleaved, rotation_count
 
 TOKENS = 16384
 HEADS = 16
@@ -104,7 +106,7 @@ TILE_LEGEND = {
     128: ("128x128 2 stages 2 Q", "128x176 2 stages 1 Q", "128x128 3 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
-OPTIONAL = {"tiles": False, "ablations": (), "sm80": True}
+OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}
 
 
 def methods_for(cfg: AttentionConfig) -> dict:
@@ -147,10 +149,16 @@ def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
            "input_sets": len(sets), "methods": {}}
     reference = METHODS["sdpa-flash"](*sets[0], cfg.causal).float()
     scale = reference.abs().max().item()
+    timed = {}
     for name, run in methods_for(cfg).items():
         with environment(name):
-            row["methods"][name] = measure_method(run, sets, cfg, reference, scale, min_reps,
-                                                  budget_ms)
+            row["methods"][name] = check_method(run, sets, cfg, reference, scale)
+        if "error" not in row["methods"][name]:
+            timed[name] = [lambda s=s, run=run: run(*s, cfg.causal) for s in sets]
+    timings = measure_interleaved(timed, rounds=OPTIONAL["rounds"], min_reps=min_reps,
+                                  budget_ms=budget_ms, around=environment)
+    for name, timing in timings.items():
+        row["methods"][name].update(timing_entry(timing, cfg))
     del sets
     torch.cuda.empty_cache()
     return row
@@ -170,25 +178,24 @@ class environment:
             os.environ.pop(variable, None)
 
 
-def measure_method(run, sets, cfg, reference, scale, min_reps, budget_ms) -> dict:
-    """Checks one method's output against SDPA flash's on the first input set, then times it."""
-    entry = {}
+def check_method(run, sets, cfg, reference, scale) -> dict:
+    """One method's output against SDPA flash's on the first input set: its relative max
+    difference, or an error (an unsupported shape or backend, or a wrong output)."""
     try:
         out = run(*sets[0], cfg.causal)
         torch.cuda.synchronize()
     except Exception as error:  # an unsupported shape or backend is reported, not fatal
-        entry["error"] = str(error).splitlines()[0][:200]
-        return entry
+        return {"error": str(error).splitlines()[0][:200]}
     diff = (out.float() - reference).abs().max().item() / max(scale, 1e-30)
-    entry["max_rel_diff_vs_flash"] = diff
+    entry = {"max_rel_diff_vs_flash": diff}
     if not diff <= WRONG_ABOVE:  # NaN lands here too
         entry["error"] = f"wrong output: max |out - flash| / max|flash| = {diff:.3e}"
-        return entry
-    calls = [lambda s=s: run(*s, cfg.causal) for s in sets]
-    timing = measure(calls, min_reps=min_reps, budget_ms=budget_ms)
-    entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
-                 reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
     return entry
+
+
+def timing_entry(timing, cfg) -> dict:
+    return dict(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
 
 
 def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dict:
@@ -225,18 +232,23 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
     reference = methods["sdpa-flash-view"]().float()
     scale = reference.abs().max().item()
     row = {"config": cfg.as_dict(), "label": cfg.label(), "flops": cfg.flops(), "methods": {}}
+
+    def method_environment(name):
+        return environment(name.replace("samattn-", "samattn-hopper-"))
+
+    timed = {}
     for name, run in methods.items():
-        with environment(name.replace("samattn-", "samattn-hopper-")):
+        with method_environment(name):
             diff = (run().float() - reference).abs().max().item() / scale
-            entry = {"max_rel_diff_vs_flash": diff}
-            if not diff <= WRONG_ABOVE:
-                entry["error"] = f"wrong output: {diff:.3e}"
-            else:
-                timing = measure([run], min_reps=min_reps, budget_ms=budget_ms)
-                entry.update(median_ms=timing.median_ms, min_ms=timing.min_ms,
-                             max_ms=timing.max_ms, reps=timing.reps,
-                             tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
-        row["methods"][name] = entry
+        row["methods"][name] = {"max_rel_diff_vs_flash": diff}
+        if not diff <= WRONG_ABOVE:
+            row["methods"][name]["error"] = f"wrong output: {diff:.3e}"
+        else:
+            timed[name] = [run]
+    timings = measure_interleaved(timed, rounds=OPTIONAL["rounds"], min_reps=min_reps,
+                                  budget_ms=budget_ms, around=method_environment)
+    for name, timing in timings.items():
+        row["methods"][name].update(timing_entry(timing, cfg))
     return row
 
 
@@ -324,6 +336,8 @@ def main(argv=None) -> int:
     parser.add_argument("--min-reps", type=int, default=10)
     parser.add_argument("--budget-ms", type=float, default=400.0,
                         help="measured time per method and shape (at least --min-reps runs)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds over a shape's methods (the budget is split)")
     parser.add_argument("--seqlens", type=int, nargs="+",
                         default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--no-sm80", action="store_true",
@@ -338,6 +352,7 @@ def main(argv=None) -> int:
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)
     OPTIONAL["sm80"] = not args.no_sm80
+    OPTIONAL["rounds"] = max(1, args.rounds)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
         "gpu": props.name, "capability": f"{props.major}.{props.minor}", "commit": commit(),

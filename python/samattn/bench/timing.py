@@ -15,6 +15,16 @@ class Timing:
     min_ms: float
     max_ms: float
     reps: int
+    samples: tuple = ()  # every rep's time (ms), in the order measured
+
+
+def pooled(timings: Sequence[Timing]) -> Timing:
+    """One Timing from several measurements of the same calls: the median, min and max of all
+    their samples together."""
+    times = [t for timing in timings for t in timing.samples]
+    if not times:
+        raise ValueError("pooled() needs timings that kept their samples")
+    return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times))
 
 
 def l2_bytes() -> int:
@@ -62,7 +72,29 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
         after.record()
     torch.cuda.synchronize()
     times = [before.elapsed_time(after) for before, after in events]
-    return Timing(statistics.median(times), min(times), max(times), len(times))
+    return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times))
+
+
+def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
+                        budget_ms: float = 400.0, around=None) -> dict:
+    """Times several methods in alternating rounds (A B C, A B C, ...), each round `measure`
+    with a `rounds`-th of the budget and of the minimum repetitions, and pools each method's
+    samples. The GPU's clocks drift during a run (power, temperature); measured one after the
+    other, the method that runs last would take all of the drift, measured in rounds every
+    method takes a share of it.
+
+    `methods` maps a name to its calls (as for `measure`); `around(name)`, when given, is a
+    context manager entered around each of that method's measurements (its environment).
+    """
+    import contextlib
+
+    parts = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, calls in methods.items():
+            with around(name) if around else contextlib.nullcontext():
+                parts[name].append(measure(calls, min_reps=max(3, -(-min_reps // rounds)),
+                                           budget_ms=budget_ms / rounds))
+    return {name: pooled(timings) for name, timings in parts.items()}
 
 
 def peak_memory_bytes(call: Callable[[], object]) -> int:
