@@ -199,7 +199,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
   return {dq, dk, dv};
 }
 
-// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper").
+// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper"),
+// for the output attention_forward allocates: contiguous (batch, heads_q, seqlen_q, head_dim_v),
+// as aligned as query.
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend,
@@ -218,6 +220,9 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
   TORCH_CHECK_VALUE(query.is_cuda(),
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
                     "always run the fp64 reference");
+  params.out = query.data_ptr();
+  params.out_strides = Strides{params.heads_q * params.seqlen_q * params.head_dim_v,
+                               params.seqlen_q * params.head_dim_v, params.head_dim_v};
   const c10::cuda::CUDAGuard guard(query.device());
   try {
     return backend_name(select_backend(params));
