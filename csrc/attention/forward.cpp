@@ -31,9 +31,9 @@ Backend select_backend(const AttentionParams& params) {
     return Backend::kHopper;
   }
   if (params.backend != Backend::kTensorCore && hopper_ok) return Backend::kHopper;
-  // Masks, varlen and sparse patterns (which the Hopper forward declines, even when asked for;
-  // it takes a sliding window) run on the tensor-core masked kernel for float16/bfloat16, else
-  // on SIMT.
+  // Masks and sparse patterns (which the Hopper forward declines, even when asked for; it takes
+  // a sliding window and varlen with kv_stride 1) run on the tensor-core masked kernel for
+  // float16/bfloat16, else on SIMT.
   const Status tensor_core = tensor_core::supports(params);
   if (params.backend == Backend::kTensorCore) {
     SAMATTN_CHECK(tensor_core.ok(), tensor_core.message());

@@ -45,8 +45,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     "hopper" (sm_90a wgmma + TMA; fp16/bf16 on compute capability 9.0). Calls with attn_mask,
     window, a sparse pattern or block_sparse run on the tensor-core masked kernel for float16 and
     bfloat16 (also under "hopper", which takes a window alone with kv_stride 1 and no other
-    mask option: such calls run the Hopper forward on compute capability 9.0) and on SIMT
-    otherwise; "tensor_core" raises, naming the reason, when the tensor cores cannot run the
+    mask option, and varlen_attention's packed batches: such calls run the Hopper forward on
+    compute capability 9.0) and on SIMT otherwise; "tensor_core" raises, naming the reason, when the tensor cores cannot run the
     call.
 
     Masks (all combine with causal and kv_stride; a key is visible when every option allows it):
@@ -120,6 +120,10 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     their contents are the caller's contract: the kernels clamp them, so invalid ones cannot
     make them touch memory outside the tensors, but give undefined values). CPU cu_seqlens are
     checked. The CUDA-core kernels (other dtypes) run one launch per sequence after one host read.
+    On compute capability 9.0 the forward runs the Hopper kernel (head dims 64, 128, 256); its
+    last key block of a sequence is read from the packed k and v, past the sequence's end, and
+    masked (as FlashAttention-3 does): the masked keys' weights are exactly 0, but an inf or NaN
+    in v within the next 128 rows of another sequence still turns 0 * v into NaN there.
     """
     needs_lse = return_lse or (torch.is_grad_enabled() and (
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)

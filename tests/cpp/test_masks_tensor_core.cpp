@@ -6,8 +6,10 @@
 // reference_key_bias) plus u * max|ref|. Also: the strided pattern's decomposition (with its
 // workspace) and its element-wise path (without) agree with the reference and with each other,
 // and a mask equal to causal gives the causal kernel's output.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <ostream>
@@ -523,6 +525,165 @@ TEST(MaskHopperDispatch, WindowWithKvStrideStaysOnTheMaskedKernel) {
   DeviceRun dev(pb, HostMasks{}, false);
   dev.params.backend = Backend::kHopper;
   EXPECT_EQ(select_backend(dev.params), Backend::kTensorCore);
+}
+
+// Varlen on the Hopper forward: each packed sequence is a dense problem at an offset of the packed
+// tensors, so the varlen call must write, sequence by sequence, the bytes of a dense batch-1
+// Hopper call on that sequence's rows (checked against the reference by MaskHopper and the
+// Hopper suites), lse included. Empty sequences, rows that see no key, sequences longer than a
+// 128-row tile, GQA, every head dim, causal and the window; both outputs poisoned first.
+struct HopperVarlenCase {
+  std::string name;
+  std::vector<int32_t> lengths_q, lengths_k;
+  int64_t head_dim;
+  bool causal;
+  int64_t window_left = -1, window_right = -1;
+};
+
+std::vector<HopperVarlenCase> hopper_varlen_cases() {
+  const std::vector<int32_t> mixed = {300, 0, 129, 1, 700, 64, 255};
+  const std::vector<int32_t> other = {250, 40, 0, 1, 900, 64, 128};
+  return {
+      {"mixed_d64", mixed, mixed, 64, false},
+      {"mixed_causal_d128", mixed, mixed, 128, true},
+      {"cross_lengths_d128", mixed, other, 128, false},
+      {"cross_lengths_causal_d256", mixed, other, 256, true},
+      {"window_d128", mixed, mixed, 128, false, 90, 30},
+  };
+}
+
+class HopperVarlen : public ::testing::TestWithParam<std::tuple<HopperVarlenCase, DType>> {};
+
+TEST_P(HopperVarlen, EqualsOneDenseCallPerSequence) {
+  SKIP_WITHOUT_HOPPER();
+  const auto& [c, dtype] = GetParam();
+  constexpr int64_t kHeadsQ = 4, kHeadsKv = 2;
+  const int64_t d = c.head_dim, sequences = static_cast<int64_t>(c.lengths_q.size());
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int64_t b = 0; b < sequences; ++b) {
+    cu_q.push_back(cu_q.back() + c.lengths_q[b]);
+    cu_k.push_back(cu_k.back() + c.lengths_k[b]);
+  }
+  const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  HostTensor q(dtype, total_q * kHeadsQ * d), k(dtype, total_k * kHeadsKv * d),
+      v(dtype, total_k * kHeadsKv * d), poisoned(dtype, total_q * kHeadsQ * d);
+  fill_random(q, 1);
+  fill_random(k, 2);
+  fill_random(v, 3);
+  poisoned.poison();
+  DeviceBuffer dq(q), dk(k), dv(v), varlen_out(poisoned), dense_out(poisoned),
+      d_cu_q(cu_q.size() * sizeof(int32_t)), d_cu_k(cu_k.size() * sizeof(int32_t)),
+      varlen_lse(kHeadsQ * total_q * sizeof(float));
+  ASSERT_EQ(
+      cudaMemcpy(d_cu_q.get(), cu_q.data(), cu_q.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+      cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(d_cu_k.get(), cu_k.data(), cu_k.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+      cudaSuccess);
+  ASSERT_EQ(cudaMemset(varlen_lse.get(), 0xff, kHeadsQ * total_q * sizeof(float)), cudaSuccess);
+
+  // Packed (total, heads, dim) rows; the dense calls use the same strides with batch 1.
+  AttentionParams p;
+  p.dtype = dtype;
+  p.heads_q = kHeadsQ;
+  p.heads_kv = kHeadsKv;
+  p.head_dim = p.head_dim_v = d;
+  p.q_strides = p.out_strides = Strides{0, d, kHeadsQ * d};
+  p.k_strides = p.v_strides = Strides{0, d, kHeadsKv * d};
+  p.causal = c.causal;
+  p.mask.window_left = c.window_left;
+  p.mask.window_right = c.window_right;
+  p.backend = Backend::kHopper;
+  auto element = [&](const DeviceBuffer& buffer, int64_t offset) {
+    return static_cast<void*>(static_cast<char*>(buffer.get()) + offset * dtype_size(dtype));
+  };
+
+  AttentionParams packed = p;
+  packed.batch = sequences;
+  packed.seqlen_q = *std::max_element(c.lengths_q.begin(), c.lengths_q.end());
+  packed.seqlen_k = *std::max_element(c.lengths_k.begin(), c.lengths_k.end());
+  packed.q = dq.get();
+  packed.k = dk.get();
+  packed.v = dv.get();
+  packed.out = varlen_out.get();
+  packed.lse = varlen_lse.get();
+  packed.mask.cu_seqlens_q = static_cast<const int32_t*>(d_cu_q.get());
+  packed.mask.cu_seqlens_k = static_cast<const int32_t*>(d_cu_k.get());
+  packed.mask.total_q = total_q;
+  packed.mask.total_k = total_k;
+  ASSERT_EQ(select_backend(packed), Backend::kHopper);
+  packed.backend = Backend::kAuto;
+  ASSERT_EQ(select_backend(packed), Backend::kHopper);
+  attention_forward(packed, nullptr);
+
+  std::vector<std::vector<float>> dense_lse(sequences);
+  for (int64_t b = 0; b < sequences; ++b) {
+    if (c.lengths_q[b] == 0) continue;
+    AttentionParams dense = p;
+    dense.batch = 1;
+    dense.seqlen_q = c.lengths_q[b];
+    dense.seqlen_k = c.lengths_k[b];
+    dense.q = element(dq, cu_q[b] * kHeadsQ * d);
+    dense.k = element(dk, cu_k[b] * kHeadsKv * d);
+    dense.v = element(dv, cu_k[b] * kHeadsKv * d);
+    dense.out = element(dense_out, cu_q[b] * kHeadsQ * d);
+    DeviceBuffer lse(kHeadsQ * c.lengths_q[b] * sizeof(float));
+    dense.lse = lse.get();
+    attention_forward(dense, nullptr);
+    dense_lse[b].resize(kHeadsQ * c.lengths_q[b]);
+    lse.download(dense_lse[b].data());  // synchronous: the buffer outlives the kernel
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(dtype, poisoned.size()), want(dtype, poisoned.size());
+  varlen_out.download(got.data());
+  dense_out.download(want.data());
+  EXPECT_EQ(got.bytes, want.bytes);
+  std::vector<float> lse(kHeadsQ * total_q);
+  varlen_lse.download(lse.data());
+  int64_t wrong = 0;
+  for (int64_t b = 0; b < sequences; ++b) {
+    for (int64_t h = 0; h < kHeadsQ; ++h) {
+      for (int64_t i = 0; i < c.lengths_q[b]; ++i) {
+        const float a = lse[h * total_q + cu_q[b] + i], e = dense_lse[b][h * c.lengths_q[b] + i];
+        if (std::memcmp(&a, &e, sizeof(float)) != 0 && wrong++ == 0) {
+          ADD_FAILURE() << "lse of sequence " << b << " head " << h << " row " << i << ": " << a
+                        << ", dense call " << e;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(HalfTypes, HopperVarlen,
+                         ::testing::Combine(::testing::ValuesIn(hopper_varlen_cases()),
+                                            ::testing::Values(DType::kFloat16, DType::kBFloat16)),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<1>(info.param))) + "_" +
+                                  std::get<0>(info.param).name;
+                         });
+
+// Varlen with kv_stride > 1 stays on the tensor-core masked kernel (a sequence may start at any
+// row of the packed k, not only at kept positions).
+TEST(MaskHopperDispatch, VarlenWithKvStrideStaysOnTheMaskedKernel) {
+  SKIP_WITHOUT_HOPPER();
+  AttentionParams p;
+  p.dtype = DType::kBFloat16;
+  p.batch = 2;
+  p.heads_q = p.heads_kv = 2;
+  p.seqlen_q = p.seqlen_k = 64;
+  p.head_dim = p.head_dim_v = 128;
+  p.q_strides = p.k_strides = p.v_strides = p.out_strides = Strides{0, 128, 256};
+  p.kv_stride = 2;
+  DeviceBuffer q(128 * 256 * 2), cu(3 * sizeof(int32_t));
+  const int32_t offsets[] = {0, 64, 128};
+  ASSERT_EQ(cudaMemcpy(cu.get(), offsets, sizeof(offsets), cudaMemcpyHostToDevice), cudaSuccess);
+  p.q = p.k = p.v = q.get();
+  p.out = q.get();
+  p.mask.cu_seqlens_q = p.mask.cu_seqlens_k = static_cast<const int32_t*>(cu.get());
+  p.mask.total_q = p.mask.total_k = 128;
+  p.backend = Backend::kHopper;
+  EXPECT_EQ(select_backend(p), Backend::kTensorCore);
 }
 
 }  // namespace

@@ -55,7 +55,6 @@ __device__ __forceinline__ void consumer_loop(
   constexpr int kBlockN = Traits::kBlockN;
   const detail::ForwardKernelParams& p = params.p;
   const TileSchedule& schedule = params.schedule;
-  const TileGeometry& g = params.geometry;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
   // Broadcast from lane 0 so the compiler knows it is warp-uniform: everything derived from it
@@ -108,7 +107,10 @@ __device__ __forceinline__ void consumer_loop(
   // Q, so two buffers only. Not with three consumer warpgroups either: under their 128-register
   // launch bound ptxas spilled 64 bytes. supports() has required TMA-compatible O strides.
   constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups == 2;
-  const bool stage_o = kCanStageO && params.options.staged_store;
+  // A varlen tile's last rows belong to the next sequence, which a TMA store (clipped only at
+  // the tensor's end) would overwrite: varlen stores from registers, row by row.
+  const bool stage_o =
+      kCanStageO && params.options.staged_store && params.geometry.cu_seqlens_q == nullptr;
   // The named barrier of warpgroup w's staged output, after the turns' ids.
   const int stage_o_barrier = kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup;
   const bool stores_o = tid % 128 == 0;  // the thread that issues its warpgroup's TMA store
@@ -129,12 +131,16 @@ __device__ __forceinline__ void consumer_loop(
 
   for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
     const int tiles = schedule.tiles_in(unit);
-    for (int half = 0; half < tiles; ++half, ++tile_iteration) {
-      const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(g, schedule.tile(unit, half));
+    for (int half = 0; half < tiles; ++half) {
+      const TileCoords c =
+          tile_coords<Traits::kBlockM, kBlockN>(params.geometry, schedule.tile(unit, half));
+      if (c.rows <= 0) continue;  // past a varlen sequence's end (the producer skips it too)
+      // Tile c's sequence (see sequence_geometry: read where needed, not kept).
+      auto geometry = [&]() { return sequence_geometry(params.geometry, c.b); };
       const int first_masked_block =
-          first_masked_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row);
+          first_masked_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row);
       const int first_unclipped_block =
-          first_unclipped_key_block<kBlockN>(g, c.m_begin + warpgroup_first_row + 63);
+          first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
 
       // Scores of key block n_block (counted from c.n_first, in tSrS) -> probabilities; rescale
       // as in RowSoftmax.
@@ -154,6 +160,7 @@ __device__ __forceinline__ void consumer_loop(
         }
         CUTE_UNROLL
         for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
+        const TileGeometry g = geometry();
         if (needs_mask && g.windowed) {
           int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
           CUTE_UNROLL
@@ -256,8 +263,11 @@ __device__ __forceinline__ void consumer_loop(
         total[r] = quad_sum(softmax.row_sum[r]);
         inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
       }
+      // The tile's first row in the (packed) tensor. The sequence's offset is read again rather
+      // than kept in a register through the key loop (at head dim 256 that spilled).
+      const int64_t first_row = int64_t{sequence_span(params.geometry, c.b).q_row0} + c.m_begin;
       Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
-                     int64_t{c.h} * p.o_head_stride + int64_t{c.m_begin} * p.o_row_stride;
+                     int64_t{c.h} * p.o_head_stride + first_row * p.o_row_stride;
       // Accumulator pair (i, i + 1) normalised and rounded to the output type.
       auto output_pair = [&](int i) {
         const float scale = inverse[(i / 2) % 2];
@@ -276,6 +286,7 @@ __device__ __forceinline__ void consumer_loop(
           using Rows = typename Traits::OStageRows;
           Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
           // Rows past seqlen_q fall outside the descriptor's extent: the copy engine skips them.
+          // Never varlen here, so the tensors' batch coordinate is c.b.
           Tensor gO =
               local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
                          make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup, _0{}));
@@ -302,7 +313,7 @@ __device__ __forceinline__ void consumer_loop(
       if (p.lse != nullptr && lane % 4 == 0) {
         constexpr float kLn2 = 0.6931471805599453f;
         float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
-                     int64_t{c.h} * p.lse_head_stride + c.m_begin;
+                     int64_t{c.h} * p.lse_head_stride + first_row;
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
           if (local_row[r] < c.rows) {
@@ -311,6 +322,7 @@ __device__ __forceinline__ void consumer_loop(
           }
         }
       }
+      ++tile_iteration;
     }
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.

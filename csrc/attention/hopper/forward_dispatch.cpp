@@ -28,18 +28,21 @@ Status supports(const AttentionParams& p) {
   return unsupported(
       "this build: the sm_90a kernels were not compiled (no CuTe headers at configure time)");
 #else
-  // A sliding window is a per-row key range (with causal, kv_stride and the sequence ends);
-  // the other options need the masked kernels' per-element work or per-sequence lengths.
+  // A sliding window is a per-row key range (with causal, kv_stride and the sequence ends), and
+  // a varlen sequence a dense problem at an offset of the packed tensors; the other options need
+  // the masked kernels' per-element work.
   const MaskOptions& m = p.mask;
-  if (m.has_element_mask() || m.has_block_map() || m.pattern != SparsePattern::kNone ||
-      m.is_varlen()) {
+  if (m.has_element_mask() || m.has_block_map() || m.pattern != SparsePattern::kNone) {
     return unsupported(
-        "attn_mask, block-sparse maps, sparse patterns and varlen (they run on the tensor-core "
-        "masked or SIMT kernels; a sliding window alone runs here)");
+        "attn_mask, block-sparse maps and sparse patterns (they run on the tensor-core masked or "
+        "SIMT kernels; a sliding window and varlen run here)");
   }
-  if (m.has_window() && p.kv_stride != 1) {
-    return unsupported(detail::concat("a sliding window with kv_stride ", p.kv_stride,
-                                      " (the window runs here with kv_stride 1)"));
+  // A window's key range and a varlen sequence's first key row are kept-key positions only with
+  // kv_stride 1 (a varlen sequence may start at any row of the packed k).
+  if ((m.has_window() || m.is_varlen()) && p.kv_stride != 1) {
+    return unsupported(detail::concat(m.is_varlen() ? "varlen" : "a sliding window",
+                                      " with kv_stride ", p.kv_stride,
+                                      " (it runs here with kv_stride 1)"));
   }
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return unsupported(
@@ -70,7 +73,7 @@ Status supports(const AttentionParams& p) {
   // TMA coordinates and extents are 32-bit.
   constexpr int64_t kMaxExtent = (int64_t{1} << 31) - 1;
   if (p.seqlen_q > kMaxExtent || p.seqlen_k > kMaxExtent || p.batch > kMaxExtent ||
-      p.heads_q > kMaxExtent) {
+      p.heads_q > kMaxExtent || m.total_q > kMaxExtent || m.total_k > kMaxExtent) {
     return unsupported(
         detail::concat("extents above ", kMaxExtent, " (TMA coordinates are 32-bit)"));
   }
@@ -84,19 +87,22 @@ Status supports(const AttentionParams& p) {
                                       " query tiles (at most ", kMaxTiles, ")"));
   }
   // With no kept keys nothing of k and v is read (their strides may be anything, even 0).
-  const int64_t keys = detail::strided_key_count(p);
+  // Varlen tensors are one packed batch of total_q (total_k) rows (their batch stride is 0).
+  const int64_t batch = m.is_varlen() ? 1 : p.batch;
+  const int64_t rows_q = m.is_varlen() ? m.total_q : p.seqlen_q;
+  const int64_t keys = m.is_varlen() ? m.total_k : detail::strided_key_count(p);
   // q, k and v are read and the output is written through TMA descriptors.
   const std::string misaligned[] = {
-      detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
-                           bytes, detail::StrideRule::kTma),
+      detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, batch, p.heads_q, rows_q, bytes,
+                           detail::StrideRule::kTma),
       keys == 0 ? ""
-                : detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride,
-                                       p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma),
+                : detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * p.kv_stride, batch,
+                                       p.heads_kv, keys, bytes, detail::StrideRule::kTma),
       keys == 0 ? ""
-                : detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride,
-                                       p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma),
-      detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
-                           p.seqlen_q, bytes, detail::StrideRule::kTma)};
+                : detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * p.kv_stride, batch,
+                                       p.heads_kv, keys, bytes, detail::StrideRule::kTma),
+      detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, batch, p.heads_q, rows_q,
+                           bytes, detail::StrideRule::kTma)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }

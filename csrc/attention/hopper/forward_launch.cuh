@@ -64,21 +64,27 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(schedule.units < sms ? schedule.units : sms);
   const int64_t heads_kv = p.heads_q / p.group_size;
 
+  // Varlen tensors are packed: one batch of total_q (total_k) rows; the kernel finds each
+  // sequence's rows from cu_seqlens per tile.
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t tensor_batch = varlen ? 1 : p.batch;
+  const int64_t q_rows = varlen ? p.total_q : p.seqlen_q;
+  const int64_t k_rows = varlen ? p.total_k : p.kept_keys;
   auto q =
-      detail_launch::gmem_tensor<const Element>(p.q, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
+      detail_launch::gmem_tensor<const Element>(p.q, q_rows, kHeadDim, p.heads_q, tensor_batch,
                                                 p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   // With no kept keys the kernel loads no K/V tile, and k/v may be empty allocations (null, or
   // zero strides): their descriptors then describe q instead, which is valid and never read.
-  const bool no_keys = p.kept_keys == 0;
+  const bool no_keys = p.kept_keys == 0 || k_rows == 0;
   auto k = no_keys ? q
-                   : detail_launch::gmem_tensor<const Element>(p.k, p.kept_keys, kHeadDim, heads_kv,
-                                                               p.batch, p.k_row_stride,
+                   : detail_launch::gmem_tensor<const Element>(p.k, k_rows, kHeadDim, heads_kv,
+                                                               tensor_batch, p.k_row_stride,
                                                                p.k_head_stride, p.k_batch_stride);
   auto v = no_keys ? q
-                   : detail_launch::gmem_tensor<const Element>(p.v, p.kept_keys, kHeadDim, heads_kv,
-                                                               p.batch, p.v_row_stride,
+                   : detail_launch::gmem_tensor<const Element>(p.v, k_rows, kHeadDim, heads_kv,
+                                                               tensor_batch, p.v_row_stride,
                                                                p.v_head_stride, p.v_batch_stride);
-  auto out = detail_launch::gmem_tensor<Element>(p.out, p.seqlen_q, kHeadDim, p.heads_q, p.batch,
+  auto out = detail_launch::gmem_tensor<Element>(p.out, q_rows, kHeadDim, p.heads_q, tensor_batch,
                                                  p.o_row_stride, p.o_head_stride, p.o_batch_stride);
   // supports() has bounded every extent by 2^31 - 1.
   const TileGeometry geometry{
@@ -89,7 +95,11 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       static_cast<int32_t>(p.group_size),
       p.causal,
       p.has_policy,  // supports() takes a window (with kv_stride 1) and no pattern
-      p.policy};
+      p.policy,
+      p.cu_seqlens_q,
+      p.cu_seqlens_k,
+      static_cast<int32_t>(p.total_q),
+      static_cast<int32_t>(p.total_k)};
   HopperForwardParams<Element, kHeadDim, kVariant> params{
       p,
       geometry,

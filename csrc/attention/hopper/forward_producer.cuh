@@ -29,21 +29,23 @@ __device__ __forceinline__ void producer_loop(
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
 
   auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-  int tile_iteration = 0;
+  int tile_iteration = 0;  // counts the tiles that hold rows, as the consumers do
   for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
     const int tiles = schedule.tiles_in(unit);
-    for (int half = 0; half < tiles; ++half, ++tile_iteration) {
+    for (int half = 0; half < tiles; ++half) {
       const TileCoords c =
           tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
-      Tensor gQ =
-          local_tile(mQ(_, _, c.h, c.b), Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
-                     make_coord(c.m_block, _0{}));
-      Tensor gK = local_tile(mK(_, _, c.h_kv, c.b),
-                             Shape<typename Traits::BlockN, typename Traits::HeadDim>{},
-                             make_coord(_, _0{}));
-      Tensor gV = local_tile(mV(_, _, c.h_kv, c.b),
-                             Shape<typename Traits::BlockN, typename Traits::HeadDim>{},
-                             make_coord(_, _0{}));
+      if (c.rows <= 0) continue;  // past a varlen sequence's end: nobody works on it
+      // A varlen sequence starts at any row of the packed tensors: its tiles are offset from it.
+      Tensor gQ = local_tile(domain_offset(make_coord(c.q_row0, _0{}), mQ(_, _, c.h, c.b_tensor)),
+                             Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
+                             make_coord(c.m_block, _0{}));
+      Tensor gK = local_tile(
+          domain_offset(make_coord(c.k_row0, _0{}), mK(_, _, c.h_kv, c.b_tensor)),
+          Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(
+          domain_offset(make_coord(c.k_row0, _0{}), mV(_, _, c.h_kv, c.b_tensor)),
+          Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, make_coord(_, _0{}));
       auto q_copy = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                   group_modes<0, 2>(gQ));
       auto k_copy = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -81,6 +83,7 @@ __device__ __forceinline__ void producer_loop(
         load_k(n_block);
         load_v(n_block);
       }
+      ++tile_iteration;
     }
   }
 }

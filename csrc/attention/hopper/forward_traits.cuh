@@ -132,6 +132,13 @@ struct TileGeometry {
   // arithmetic above is all that runs.
   bool windowed;
   detail::MaskPolicy policy;
+  // Varlen (kv_stride 1, supports()): sequence b owns q/out rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) and k/v rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of the packed
+  // tensors, read per tile and clamped as the tensor-core kernels do; seqlen_q and kept_keys
+  // above are then the maximum lengths. Null when the batch is dense.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int32_t total_q, total_k;
 };
 
 template <typename Element, int kHeadDim, int kVariant>
@@ -151,12 +158,41 @@ struct HopperForwardParams {
 // The (batch, head, rows, key blocks) of one query tile, as every role of the block sees it.
 struct TileCoords {
   int32_t b, h, h_kv;
+  int32_t b_tensor;  // the batch coordinate in the TMA tensors: b, or 0 for packed varlen ones
+  int32_t q_row0;    // the sequence's first q/out row (0 unless varlen)
+  int32_t k_row0;    // the sequence's first k/v row (0 unless varlen)
   int32_t m_block;
-  int32_t m_begin;   // first query row
-  int32_t rows;      // valid query rows in the tile (the rest are past seqlen_q)
+  int32_t m_begin;   // first query row, counted from the sequence's start
+  int32_t rows;      // valid query rows in the tile; <= 0: the tile lies past its sequence
   int32_t n_first;   // the first key block any row sees (0 without a window)
   int32_t n_blocks;  // key blocks n_first, n_first + 1, ...: walked from the last to the first
 };
+
+// Where sequence b lives: its first q/out and k/v rows and its lengths. A dense batch: 0, 0 and
+// the call's lengths. Varlen: from cu_seqlens, clamped as the tensor-core kernels clamp them.
+struct SequenceSpan {
+  int32_t q_row0, k_row0, seqlen_q, kept_keys;
+};
+
+__device__ __forceinline__ SequenceSpan sequence_span(const TileGeometry& call, int32_t b) {
+  if (call.cu_seqlens_q == nullptr) return {0, 0, call.seqlen_q, call.kept_keys};
+  const int32_t q0 = max(0, min(call.cu_seqlens_q[b], call.total_q));
+  const int32_t q1 = max(q0, min(call.cu_seqlens_q[b + 1], call.total_q));
+  const int32_t k0 = max(0, min(call.cu_seqlens_k[b], call.total_k));
+  const int32_t k1 = max(k0, min(call.cu_seqlens_k[b + 1], call.total_k));
+  return {q0, k0, min(q1 - q0, call.seqlen_q), min(k1 - k0, call.kept_keys)};
+}
+
+// The geometry of sequence b: the call's, with a varlen sequence's lengths. The consumers call it
+// where they need it rather than keeping it in registers through the key loop (next to the
+// loop's accumulators the two lengths spilled at head dims 128 and 256); cu_seqlens stays cached.
+__device__ __forceinline__ TileGeometry sequence_geometry(const TileGeometry& call, int32_t b) {
+  TileGeometry g = call;
+  const SequenceSpan span = sequence_span(call, b);
+  g.seqlen_q = span.seqlen_q;
+  g.kept_keys = span.kept_keys;
+  return g;
+}
 
 // One past the last logical key query row `row` (< seqlen_q) sees: key n is visible to query i
 // iff n < kept_keys and, when causal, n * kv_stride <= i. Without a window.
@@ -201,14 +237,26 @@ __device__ __forceinline__ int32_t first_masked_key_block(const TileGeometry& g,
 }
 
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ TileCoords tile_coords(const TileGeometry& g, QueryTile tile) {
+__device__ __forceinline__ TileCoords tile_coords(const TileGeometry& call, QueryTile tile) {
   TileCoords c;
-  c.b = tile.batch_head / g.heads_q;
-  c.h = tile.batch_head - c.b * g.heads_q;
-  c.h_kv = c.h / g.group_size;
+  c.b = tile.batch_head / call.heads_q;
+  c.h = tile.batch_head - c.b * call.heads_q;
+  c.h_kv = c.h / call.group_size;
+  const SequenceSpan span = sequence_span(call, c.b);
+  c.b_tensor = call.cu_seqlens_q == nullptr ? c.b : 0;
+  c.q_row0 = span.q_row0;
+  c.k_row0 = span.k_row0;
+  TileGeometry g = call;
+  g.seqlen_q = span.seqlen_q;
+  g.kept_keys = span.kept_keys;
   c.m_block = tile.m_block;
   c.m_begin = tile.m_block * kBlockM;
   c.rows = min(kBlockM, g.seqlen_q - c.m_begin);
+  if (c.rows <= 0) {
+    c.n_first = 0;
+    c.n_blocks = 0;
+    return c;
+  }
   if (g.windowed) {
     // The tile's rows see keys from its first row's window start to its last row's window end.
     const int64_t begin = window_key_span(g, c.m_begin).begin;

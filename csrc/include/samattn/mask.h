@@ -38,8 +38,7 @@ struct MaskOptions {
   // builds it from FlexAttention's kv_num_blocks / kv_indices tables.)
   const uint8_t* block_map = nullptr;
   int64_t block_q = 0, block_k = 0;
-  int64_t block_batch_stride = 0, block_head_stride = 0, block_row_stride = 0,
-          block_col_stride = 0;
+  int64_t block_batch_stride = 0, block_head_stride = 0, block_row_stride = 0, block_col_stride = 0;
 
   // Sliding window around the diagonal: query i sees keys i - window_left <= j <= i +
   // window_right; -1 leaves that side unbounded.
@@ -57,7 +56,9 @@ struct MaskOptions {
   // batch + 1 non-decreasing entries, starting at 0, in the memory of the call (device memory for
   // attention_forward, host memory for the reference), set together. lse is then (Hq, total_q).
   // Positions (causal, window, patterns, mask rows/columns) count from each sequence's start.
-  // The tensor-core kernels (float16/bfloat16) read cu_seqlens on the device in one launch and do
+  // The tensor-core kernels (float16/bfloat16; on compute capability 9.0 with kv_stride 1 the
+  // Hopper forward, which reads a sequence's last key block past its end in the packed k and v
+  // and masks it) read cu_seqlens on the device in one launch and do
   // not validate their contents (FlashAttention-2's contract; they clamp them, so invalid arrays
   // give undefined values but no access outside the tensors); the CUDA-core kernels and the
   // reference read and check them on the host.
