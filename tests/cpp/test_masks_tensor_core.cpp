@@ -552,9 +552,9 @@ std::vector<HopperVarlenCase> hopper_varlen_cases() {
   };
 }
 
-class HopperVarlen : public ::testing::TestWithParam<std::tuple<HopperVarlenCase, DType>> {};
+class MaskHopperVarlen : public ::testing::TestWithParam<std::tuple<HopperVarlenCase, DType>> {};
 
-TEST_P(HopperVarlen, EqualsOneDenseCallPerSequence) {
+TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
   SKIP_WITHOUT_HOPPER();
   const auto& [c, dtype] = GetParam();
   constexpr int64_t kHeadsQ = 4, kHeadsKv = 2;
@@ -655,7 +655,7 @@ TEST_P(HopperVarlen, EqualsOneDenseCallPerSequence) {
   EXPECT_EQ(wrong, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(HalfTypes, HopperVarlen,
+INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperVarlen,
                          ::testing::Combine(::testing::ValuesIn(hopper_varlen_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
                          [](const auto& info) {
