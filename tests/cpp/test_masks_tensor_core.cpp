@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -531,7 +532,8 @@ TEST(MaskHopperDispatch, WindowWithKvStrideStaysOnTheMaskedKernel) {
 // tensors, so the varlen call must write, sequence by sequence, the bytes of a dense batch-1
 // Hopper call on that sequence's rows (checked against the reference by MaskHopper and the
 // Hopper suites), lse included. Empty sequences, rows that see no key, sequences longer than a
-// 128-row tile, GQA, every head dim, causal and the window; both outputs poisoned first.
+// 128-row tile, GQA, every head dim, causal and the window; both outputs poisoned first. The
+// persistent grid (SAMATTN_HOPPER_ABLATION=varlen_persistent) must write the same bytes too.
 struct HopperVarlenCase {
   std::string name;
   std::vector<int32_t> lengths_q, lengths_k;
@@ -615,6 +617,14 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
   packed.backend = Backend::kAuto;
   ASSERT_EQ(select_backend(packed), Backend::kHopper);
   attention_forward(packed, nullptr);
+  // The persistent grid (the schedule's other form) must write the same bytes.
+  DeviceBuffer persistent_out(poisoned);
+  AttentionParams persistent = packed;
+  persistent.out = persistent_out.get();
+  persistent.lse = nullptr;
+  setenv("SAMATTN_HOPPER_ABLATION", "varlen_persistent", 1);
+  attention_forward(persistent, nullptr);
+  unsetenv("SAMATTN_HOPPER_ABLATION");
 
   std::vector<std::vector<float>> dense_lse(sequences);
   for (int64_t b = 0; b < sequences; ++b) {
@@ -638,6 +648,8 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
   varlen_out.download(got.data());
   dense_out.download(want.data());
   EXPECT_EQ(got.bytes, want.bytes);
+  persistent_out.download(want.data());
+  EXPECT_EQ(got.bytes, want.bytes) << "the persistent grid wrote other bytes";
   std::vector<float> lse(kHeadsQ * total_q);
   varlen_lse.download(lse.data());
   int64_t wrong = 0;

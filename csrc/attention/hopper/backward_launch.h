@@ -25,8 +25,8 @@ void launch_backward(const detail::BackwardKernelParams& params, BackwardVariant
 
 // The variant the environment variable SAMATTN_HOPPER_BWD_VARIANT asks for (benchmark-only):
 // unset, empty or "default": kDefault; "block_m64" / "dq_per_warpgroup": that variant, built for
-// bf16 at head_dim 64 only and only with -DSAMATTN_HOPPER_TUNING=ON. Any other value, or a variant that is not built for the call, is an
-// error naming the variable.
+// bf16 at head_dim 64 only and only with -DSAMATTN_HOPPER_TUNING=ON. Any other value, or a variant
+// that is not built for the call, is an error naming the variable.
 BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim);
 
 // Whether the dtype and head dims have an instantiation (no device query).

@@ -95,13 +95,17 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
   return forward_tile(head_dim, default_tile_variant(head_dim));
 }
 
-// Three of the kernel's features as run-time switches, so one benchmark run can measure
-// what each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; both on
-// unless it names them).
+// Some of the kernel's features as run-time switches, so one benchmark run can measure what
+// each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; all at these
+// defaults unless it names them).
 struct ForwardKernelOptions {
   bool pingpong = true;      // consumer warpgroups take turns issuing their GEMMs
   bool exp2_on_fma = true;   // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
-  bool staged_store = true;  // O leaves through shared memory in 16-byte stores (two Q buffers)
+  bool staged_store = true;  // O leaves through shared memory by TMA store (two Q buffers)
+  // Varlen (host side): one block per work unit, so the hardware hands the units of unknown
+  // cost (their sequences' lengths are on the device) to whichever SM is free, instead of the
+  // persistent grid's fixed round robin. Off ("varlen_persistent"): the persistent grid.
+  bool varlen_block_per_unit = true;
 };
 
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the

@@ -60,8 +60,12 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   // supports() has checked that the tiles fit the scheduler's int32 unit indices.
   const TileSchedule schedule =
       make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
+  const ForwardKernelOptions options = forward_options_from_environment();
   const int sms = detail::current_device_info().multiprocessors;
-  const unsigned blocks = static_cast<unsigned>(schedule.units < sms ? schedule.units : sms);
+  // supports() has bounded the units by 2^30, within the grid's limit.
+  const bool block_per_unit = p.cu_seqlens_q != nullptr && options.varlen_block_per_unit;
+  const unsigned blocks =
+      static_cast<unsigned>(schedule.units < sms || block_per_unit ? schedule.units : sms);
   const int64_t heads_kv = p.heads_q / p.group_size;
 
   // Varlen tensors are packed: one batch of total_q (total_k) rows; the kernel finds each
@@ -104,7 +108,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       p,
       geometry,
       schedule,
-      forward_options_from_environment(),
+      options,
       q.shape(),
       k.shape(),
       v.shape(),

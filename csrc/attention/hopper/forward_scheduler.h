@@ -1,7 +1,8 @@
 // Internal: which query tiles each block of the persistent Hopper forward computes, and in what
 // order. Plain C++ (host and device) so the launcher sizes the grid from the same numbers.
 //
-// The grid has at most one block per SM; block c takes work units c, c + grid, c + 2 grid, ...
+// The grid has at most one block per SM (varlen: one block per unit by default, see
+// ForwardKernelOptions); block c takes work units c, c + grid, c + 2 grid, ...
 // (a static schedule: every warp of the block derives the same sequence, nothing is exchanged).
 // Units are numbered head by head, so the blocks running at one time share few (batch, head)
 // pairs and their K and V stay in L2.
