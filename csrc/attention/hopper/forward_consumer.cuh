@@ -264,7 +264,7 @@ __device__ __forceinline__ void consumer_loop(
         inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
       }
       // The tile's first row in the (packed) tensor. The sequence's offset is read again rather
-      // than kept in a register through the key loop (at head dim 256 that spilled).
+      // than kept in a register through the key loop (kept, it spilled at head dims 128, 256).
       const int64_t first_row = int64_t{sequence_span(params.geometry, c.b).q_row0} + c.m_begin;
       Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
                      int64_t{c.h} * p.o_head_stride + first_row * p.o_row_stride;
