@@ -631,14 +631,8 @@ std::vector<TensorCoreCase> all_hopper_cases() {
 // GPU and a library built with the sm_90a kernels. On such a GPU any other refusal of a plain
 // bf16 call is a bug, and the tests fail instead of skipping.
 std::string hopper_backward_skip_reason() {
-  if (!gpu_available()) return "no CUDA GPU";
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-      major != 9 || minor != 0) {
-    return "no compute capability 9.0 GPU";
-  }
+  const std::string no_sm90 = sm90_skip_reason();
+  if (!no_sm90.empty()) return no_sm90;
   BackwardProblem pb({1, 2, 1, 8, 8, 64, 64}, DType::kBFloat16);
   pb.params.forward.backend = Backend::kHopper;
   DeviceBackward dev(pb);

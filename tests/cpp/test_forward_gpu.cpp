@@ -44,23 +44,19 @@ TEST_P(ForwardGpu, MatchesReference) {
   sc.apply_options(pb.params);
   const HostTensor expected = pb.reference(/*with_lse=*/true);
 
-  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);  // out holds the poison pattern
+  DeviceProblem dp(pb);
   const int64_t rows = sc.shape.batch * sc.shape.heads_q * sc.shape.seqlen_q;
   const size_t lse_bytes = rows * (dtype == DType::kFloat64 ? 8 : 4);
   DeviceBuffer lse(lse_bytes);
   if (lse_bytes > 0) ASSERT_EQ(cudaMemset(lse.get(), 0xff, lse_bytes), cudaSuccess);
-  AttentionParams p = pb.params;
-  p.q = q.get();
-  p.k = k.get();
-  p.v = v.get();
-  p.out = out.get();
+  AttentionParams p = dp.pb.params;
   p.lse = lse.get();
   p.backend = Backend::kSimt;
   attention_forward(p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   HostTensor got(dtype, pb.out.size());
-  out.download(got.data());
+  dp.out.download(got.data());
   EXPECT_TRUE(all_close(got, expected, dtype));
 
   std::vector<double> lse_got(rows);
@@ -87,17 +83,12 @@ TEST(ForwardGpuRuns, RerunsAreBitIdentical) {
   SKIP_WITHOUT_GPU();
   Problem pb({2, 4, 4, 300, 300, 64, 64}, DType::kFloat16);
   pb.params.causal = true;
-  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
-  AttentionParams p = pb.params;
-  p.q = q.get();
-  p.k = k.get();
-  p.v = v.get();
-  p.out = out.get();
+  DeviceProblem dp(pb);
   HostTensor first(DType::kFloat16, pb.out.size()), second(DType::kFloat16, pb.out.size());
-  attention_forward(p, nullptr);
-  out.download(first.data());
-  attention_forward(p, nullptr);
-  out.download(second.data());
+  attention_forward(dp.pb.params, nullptr);
+  dp.out.download(first.data());
+  attention_forward(dp.pb.params, nullptr);
+  dp.out.download(second.data());
   EXPECT_EQ(first.bytes, second.bytes);
 }
 

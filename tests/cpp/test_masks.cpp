@@ -338,7 +338,7 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   apply(c, pb.params, mask.data());
   const HostTensor ref = pb.reference(/*with_lse=*/true);
 
-  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
+  DeviceProblem dp(pb);
   DeviceBuffer d_mask(mask.size());
   if (!mask.empty()) {
     ASSERT_EQ(cudaMemcpy(d_mask.get(), mask.data(), mask.size(), cudaMemcpyHostToDevice),
@@ -347,11 +347,7 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   const int64_t rows = c.shape.batch * c.shape.heads_q * c.shape.seqlen_q;
   const size_t lse_bytes = rows * (dtype == DType::kFloat64 ? 8 : 4);
   DeviceBuffer lse(lse_bytes);
-  AttentionParams p = pb.params;
-  p.q = q.get();
-  p.k = k.get();
-  p.v = v.get();
-  p.out = out.get();
+  AttentionParams p = dp.pb.params;
   p.lse = lse.get();
   p.backend =
       Backend::kSimt;  // this suite checks the SIMT kernels (tensor cores: test_masks_tensor_core)
@@ -359,7 +355,7 @@ TEST_P(MaskGpu, ForwardAndBackwardMatchReference) {
   attention_forward(p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   HostTensor got(dtype, pb.out.size());
-  out.download(got.data());
+  dp.out.download(got.data());
   EXPECT_TRUE(all_close(got, ref, dtype)) << c.name;
   std::vector<unsigned char> lse_host(lse_bytes);
   lse.download(lse_host.data());

@@ -359,6 +359,11 @@ void run_forward_and_check(const DeviceRun& dev, const Problem& pb, const HostTe
   }
 }
 
+// The gtest name of a (case, dtype) parameter: "<dtype>_<case name>".
+constexpr auto case_and_dtype_name = [](const auto& info) {
+  return std::string(dtype_name(std::get<1>(info.param))) + "_" + std::get<0>(info.param).name;
+};
+
 class MaskTensorCore : public ::testing::TestWithParam<std::tuple<TcMaskCase, DType>> {};
 
 TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
@@ -441,10 +446,7 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
 INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskTensorCore,
                          ::testing::Combine(::testing::ValuesIn(cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
-                         [](const auto& info) {
-                           return std::string(dtype_name(std::get<1>(info.param))) + "_" +
-                                  std::get<0>(info.param).name;
-                         });
+                         case_and_dtype_name);
 
 // Cross path: a boolean mask equal to causal runs the masked kernel's mask tile, the causal
 // option the unmasked kernel; both round P the same way, so they agree to the output's rounding.
@@ -511,10 +513,7 @@ TEST_P(MaskHopper, WindowForwardMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopper,
                          ::testing::Combine(::testing::ValuesIn(hopper_window_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
-                         [](const auto& info) {
-                           return std::string(dtype_name(std::get<1>(info.param))) + "_" +
-                                  std::get<0>(info.param).name;
-                         });
+                         case_and_dtype_name);
 
 // A window with kv_stride > 1 stays on the tensor-core masked kernel (the Hopper forward takes
 // the window with kv_stride 1 only), even when the Hopper path is asked for.
@@ -670,10 +669,7 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
 INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperVarlen,
                          ::testing::Combine(::testing::ValuesIn(hopper_varlen_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
-                         [](const auto& info) {
-                           return std::string(dtype_name(std::get<1>(info.param))) + "_" +
-                                  std::get<0>(info.param).name;
-                         });
+                         case_and_dtype_name);
 
 // Varlen with kv_stride > 1 stays on the tensor-core masked kernel (a sequence may start at any
 // row of the packed k, not only at kept positions).

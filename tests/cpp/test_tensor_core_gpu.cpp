@@ -170,21 +170,17 @@ std::vector<Case> all_cases() {
 
 // Runs `pb` on the device with `backend`; returns the output and (float) lse per row.
 HostTensor run_on_device(const Problem& pb, Backend backend, std::vector<double>* lse_out) {
-  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);  // out holds the poison pattern
+  DeviceProblem dp(pb);
   const int64_t rows = pb.shape.batch * pb.shape.heads_q * pb.shape.seqlen_q;
   DeviceBuffer lse(rows * sizeof(float));
   if (rows > 0) EXPECT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
-  AttentionParams p = pb.params;
-  p.q = q.get();
-  p.k = k.get();
-  p.v = v.get();
-  p.out = out.get();
+  AttentionParams p = dp.pb.params;
   p.lse = lse_out != nullptr ? lse.get() : nullptr;
   p.backend = backend;
   attention_forward(p, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   HostTensor got(pb.dtype, pb.out.size());
-  out.download(got.data());
+  dp.out.download(got.data());
   if (lse_out != nullptr) {
     std::vector<float> lse32(rows);
     lse.download(lse32.data());
@@ -266,19 +262,6 @@ class ScopedForceSimt {
 
  private:
   std::optional<std::string> saved_;
-};
-
-// Device pointers, so the alignment checks see what a real call would.
-struct DeviceProblem {
-  Problem pb;
-  DeviceBuffer q, k, v, out;
-  explicit DeviceProblem(const Shape& shape, DType dtype = DType::kFloat16)
-      : pb(shape, dtype), q(pb.q), k(pb.k), v(pb.v), out(pb.out) {
-    pb.params.q = q.get();
-    pb.params.k = k.get();
-    pb.params.v = v.get();
-    pb.params.out = out.get();
-  }
 };
 
 TEST(SelectBackend, PicksTensorCoresForSupportedCalls) {
@@ -562,16 +545,10 @@ TEST(HopperGpuRuns, AblationsStayWithinTheBound) {
 TEST(HopperGpuRuns, UnknownAblationIsAnError) {
   SKIP_WITHOUT_HOPPER();
   const ScopedHopperAblation off("no_softmax");
-  Problem pb({1, 1, 1, 16, 16, 64, 64}, DType::kBFloat16);
-  DeviceBuffer q(pb.q), k(pb.k), v(pb.v), out(pb.out);
-  AttentionParams p = pb.params;
-  p.q = q.get();
-  p.k = k.get();
-  p.v = v.get();
-  p.out = out.get();
-  p.backend = Backend::kHopper;
+  DeviceProblem dp({1, 1, 1, 16, 16, 64, 64}, DType::kBFloat16);
+  dp.pb.params.backend = Backend::kHopper;
   try {
-    attention_forward(p, nullptr);
+    attention_forward(dp.pb.params, nullptr);
     FAIL() << "expected samattn::Error";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("SAMATTN_HOPPER_ABLATION"), std::string::npos)
