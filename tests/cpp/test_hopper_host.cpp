@@ -1,13 +1,16 @@
 // The host-checkable parts of the Hopper forward, on the CPU: its tile schedule
-// (forward_scheduler.h: every query tile taken exactly once by the round robin over any grid,
-// causal units of paired tiles costing the same) and the exp2 it runs on the FMA pipe
-// (exp2_fma.h: the same arithmetic the kernel does, against exp2 in double), and the tile tables
-// (forward_config.h: every variant fits an H100 block and the wgmma shapes).
+// (forward_scheduler.h: every query tile taken exactly once by the round robin over any grid and
+// by the work counter in any order of fetches, causal units of paired tiles costing the same) and
+// the exp2 it runs on the FMA pipe (exp2_fma.h: the same arithmetic the kernel does, against exp2
+// in double), and the tile tables (forward_config.h: every variant fits an H100 block and the wgmma
+// shapes).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -58,6 +61,49 @@ TEST(HopperSchedule, EveryTileOnceForAnyGrid) {
                    << c.causal << " grid " << grid);
       const std::vector<int> count = visits(s, grid, c.batch_heads);
       EXPECT_TRUE(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
+    }
+  }
+}
+
+// The dynamic schedule's work counter (next_unit in forward_scheduler.h) with the blocks'
+// fetches interleaved in random orders, as atomics on one counter are: every unit taken once,
+// the fetch that resets the counter is the launch's last, and the counter ends at zero.
+TEST(HopperSchedule, WorkCounterHandsOutEveryUnitOnceAndEndsAtZero) {
+  std::mt19937 random(20261201);
+  const ScheduleCase cases[] = {
+      {1, 129, false}, {3, 589, true}, {50, 300, true}, {64, 4096, false}, {512, 512, true}};
+  for (const ScheduleCase& c : cases) {
+    const TileSchedule s = make_tile_schedule(c.batch_heads, c.seqlen_q, 192, c.causal);
+    for (int grid : {1, 5, 132}) {
+      if (s.units < grid) continue;  // the launcher passes no counter then
+      SCOPED_TRACE(::testing::Message() << "units " << s.units << " grid " << grid);
+      std::vector<int> taken(s.units, 0);
+      std::vector<int> working;  // blocks whose last fetch found a unit
+      for (int block = 0; block < grid; ++block) {
+        ++taken[block];  // block b starts with unit b
+        working.push_back(block);
+      }
+      int32_t counter = 0;
+      int resets = 0, fetches_after_reset = 0;
+      while (!working.empty()) {
+        const size_t pick = random() % working.size();
+        const int32_t value = counter++;
+        fetches_after_reset += resets;
+        if (s.fetch_resets_counter(value)) {
+          counter = 0;
+          ++resets;
+        }
+        const int32_t next = s.unit_of_fetch(grid, value);
+        if (next < s.units) {
+          ++taken[next];
+        } else {
+          working.erase(working.begin() + static_cast<std::ptrdiff_t>(pick));
+        }
+      }
+      EXPECT_TRUE(std::all_of(taken.begin(), taken.end(), [](int n) { return n == 1; }));
+      EXPECT_EQ(resets, 1);
+      EXPECT_EQ(fetches_after_reset, 0);
+      EXPECT_EQ(counter, 0);
     }
   }
 }
@@ -130,9 +176,15 @@ TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
       SCOPED_TRACE(::testing::Message() << "head dim " << d << " variant " << variant);
       const ForwardTile tile = forward_tile(d, variant);
       EXPECT_LE(forward_smem_bytes(tile, d, 2), kH100SmemOptIn);
-      EXPECT_LE(128 * tile.producer_registers() +
+      // setmaxnreg only moves registers the launch gave the block.
+      const int at_launch = kRegisterFile / tile.threads() / 8 * 8;
+      EXPECT_LE(128 * tile.producer_registers +
                     128 * tile.consumer_warpgroups * tile.consumer_registers(),
-                kRegisterFile);
+                at_launch * tile.threads());
+      EXPECT_EQ(tile.producer_registers % 8, 0);
+      EXPECT_EQ(tile.consumer_registers() % 8, 0);
+      EXPECT_GE(tile.producer_registers, 24);  // setmaxnreg's lower bound
+      EXPECT_LE(tile.consumer_registers(), 256);
       EXPECT_EQ(tile.block_n % 16, 0);
       EXPECT_LE(tile.block_n, 256);
       EXPECT_GE(tile.stages, 2);

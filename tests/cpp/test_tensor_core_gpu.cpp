@@ -481,6 +481,63 @@ TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
   expect_ablation_bit_identical("no_staged_store");
 }
 
+// More work units than SMs, so the blocks take units from the stream's work counter (every head
+// dim; causal pairs of unequal cost at head dim 64's 192-row tiles): the same bytes as the static
+// round robin, on every rerun (each launch must leave the counter at zero for the next).
+TEST(HopperGpuRuns, WorkCounterScheduleMatchesTheStaticOne) {
+  SKIP_WITHOUT_HOPPER();
+  for (int64_t d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " causal " << causal);
+      Problem pb({4, 16, 8, 1024, 1024, d, d}, DType::kBFloat16);
+      pb.params.causal = causal;
+      std::vector<uint8_t> static_bytes;
+      {
+        const ScopedHopperAblation off("static_schedule");
+        static_bytes = run_on_device(pb, Backend::kHopper, nullptr).bytes;
+      }
+      for (int rerun = 0; rerun < 3; ++rerun) {
+        EXPECT_EQ(run_on_device(pb, Backend::kHopper, nullptr).bytes, static_bytes) << rerun;
+      }
+    }
+  }
+}
+
+// Two streams at once, each with its own work counter: every launch, its output poisoned in its
+// stream just before, must write the static schedule's bytes.
+TEST(HopperGpuRuns, WorkCountersOfTwoStreamsDoNotMix) {
+  SKIP_WITHOUT_HOPPER();
+  Problem first({4, 16, 8, 1024, 1024, 128, 128}, DType::kBFloat16);
+  Problem second({2, 32, 32, 777, 1500, 64, 64}, DType::kBFloat16, false, 99);
+  second.params.causal = true;
+  std::vector<uint8_t> expected[2];
+  {
+    const ScopedHopperAblation off("static_schedule");
+    expected[0] = run_on_device(first, Backend::kHopper, nullptr).bytes;
+    expected[1] = run_on_device(second, Backend::kHopper, nullptr).bytes;
+  }
+  DeviceProblem problems[2] = {DeviceProblem(first), DeviceProblem(second)};
+  cudaStream_t streams[2];
+  for (cudaStream_t& stream : streams) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  }
+  for (int round = 0; round < 4; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      DeviceProblem& dp = problems[i];
+      dp.pb.params.backend = Backend::kHopper;
+      ASSERT_EQ(cudaMemsetAsync(dp.out.get(), 0xff, expected[i].size(), streams[i]), cudaSuccess);
+      attention_forward(dp.pb.params, streams[i]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(cudaStreamSynchronize(streams[i]), cudaSuccess);
+      std::vector<uint8_t> got(expected[i].size());
+      problems[i].out.download(got.data());
+      EXPECT_EQ(got, expected[i]) << "round " << round << " stream " << i;
+    }
+  }
+  for (cudaStream_t stream : streams) EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 // The output as a view into a larger buffer: sequence-major, 16 bytes of padding after every
 // (row, head) and more rows than seqlen_q. The view must get the bytes a dense output gets and
 // every other byte must keep its value (the TMA store clips the last tile at seqlen_q).

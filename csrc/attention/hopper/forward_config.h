@@ -28,13 +28,20 @@ struct ForwardTile {
   int q_buffers;
   // 0, or k: every k-th exponential of an unmasked block runs on the FMA pipe, not the MUFU.
   int exp2_fma_share;
+  // setmaxnreg target of the producer warpgroup (its TMA-issuing thread and the scheduler
+  // thread); the consumers share the rest of the pool (consumer_registers).
+  int producer_registers;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
-  // setmaxnreg targets: the producer keeps the minimum, the consumers share the rest of the
-  // 64K-register file (the pool is what __launch_bounds__(threads, 1) gave the block).
-  constexpr int producer_registers() const { return consumer_warpgroups == 2 ? 24 : 32; }
-  constexpr int consumer_registers() const { return consumer_warpgroups == 2 ? 240 : 160; }
+  // The pool __launch_bounds__(threads, 1) gives the block (per thread: 65536 / threads in
+  // multiples of 8) less the producer's, split among the consumer threads in multiples of 8
+  // (setmaxnreg's granularity): 168 x 384 - 128 x 40 = 256 x 232 with two consumer warpgroups.
+  constexpr int consumer_registers() const {
+    const int per_thread_at_launch = 65536 / threads() / 8 * 8;
+    const int pool = per_thread_at_launch * threads() - 128 * producer_registers;
+    return pool / (128 * consumer_warpgroups) / 8 * 8;
+  }
 };
 
 // Head dim 64: S (64 fp32 registers per thread at 128 keys), P (32) and O (32) leave room, and
@@ -60,10 +67,14 @@ struct ForwardTile {
 // registers): 6 key blocks instead of 8 at 1k keys, a quarter fewer per-block overheads; [2] 3
 // stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA
 // latency.
-inline constexpr ForwardTile kTiles64[] = {{2, 128, 3, 2, 8}, {3, 128, 3, 2, 0}, {2, 192, 3, 2, 0}};
+// Producer registers: 40 (consumers 232) where the consumers fit that without spilling, else 24
+// (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
+// the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
+inline constexpr ForwardTile kTiles64[] = {
+    {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {2, 192, 3, 2, 0, 24}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 0}, {2, 176, 2, 1, 0}, {2, 128, 3, 1, 0}};
-inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0}};
+    {2, 128, 2, 2, 0, 40}, {2, 176, 2, 1, 0, 24}, {2, 128, 3, 1, 0, 40}};
+inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at
 // S <= 1k non-causal, and lost at S <= 1k causal; D = 128's entries were within noise of each
@@ -106,6 +117,9 @@ struct ForwardKernelOptions {
   // cost (their sequences' lengths are on the device) to whichever SM is free, instead of the
   // persistent grid's fixed round robin. Off ("varlen_persistent"): the persistent grid.
   bool varlen_block_per_unit = true;
+  // The persistent grid takes its units from a work counter (forward_scheduler.h); off
+  // ("static_schedule"): the fixed round robin.
+  bool dynamic_schedule = true;
 };
 
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the

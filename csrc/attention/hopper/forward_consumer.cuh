@@ -54,7 +54,6 @@ __device__ __forceinline__ void consumer_loop(
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   const detail::ForwardKernelParams& p = params.p;
-  const TileSchedule& schedule = params.schedule;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
   // Broadcast from lane 0 so the compiler knows it is warp-uniform: everything derived from it
@@ -129,200 +128,198 @@ __device__ __forceinline__ void consumer_loop(
   int tile_iteration = 0;
   turn.start();
 
-  for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
-    const int tiles = schedule.tiles_in(unit);
-    for (int half = 0; half < tiles; ++half) {
-      const TileCoords c =
-          tile_coords<Traits::kBlockM, kBlockN>(params.geometry, schedule.tile(unit, half));
-      if (c.rows <= 0) continue;  // past a varlen sequence's end (the producer skips it too)
-      // Tile c's sequence (see sequence_geometry: read where needed, not kept).
-      auto geometry = [&]() { return sequence_geometry(params.geometry, c.b); };
-      const int first_masked_block =
-          first_masked_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row);
-      const int first_unclipped_block =
-          first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
+  // The producer's order: tile i is in Q buffer i % kQBuffers (publish_tile).
+  for (;; ++tile_iteration) {
+    const int q_buffer = tile_iteration % Traits::kQBuffers;
+    shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
+    const ScheduledTile tile = published_tile(shared.q_tile[q_buffer]);
+    if (tile.unit < 0) break;
+    const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(
+        params.geometry, params.schedule.tile(tile.unit, tile.half));
+    // Tile c's sequence (see sequence_geometry: read where needed, not kept).
+    auto geometry = [&]() { return sequence_geometry(params.geometry, c.b); };
+    const int first_masked_block =
+        first_masked_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row);
+    const int first_unclipped_block =
+        first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
 
-      // Scores of key block n_block (counted from c.n_first, in tSrS) -> probabilities; rescale
-      // as in RowSoftmax.
-      auto softmax_block = [&](int relative_block, float(&rescale)[2]) {
-        const int n_block = c.n_first + relative_block;
-        const bool needs_mask = n_block >= first_masked_block || n_block < first_unclipped_block;
-        if (!needs_mask && fuse_scale) {
-          constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
-          if constexpr (kFmaShare > 0) {
-            if (params.options.exp2_on_fma) {
-              softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
-              return;
-            }
-          }
-          softmax.update<0>(tSrS, scale_log2, rescale);
-          return;
-        }
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-        const TileGeometry g = geometry();
-        if (needs_mask && g.windowed) {
-          int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
-          CUTE_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-            const detail::Span span = window_key_span(g, row);
-            const int64_t block_begin = int64_t{n_block} * kBlockN;
-            low[r] =
-                static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
-            limit[r] =
-                static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
-          }
-          CUTE_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) {
-            const int column = get<1>(tScS(i));
-            if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
-          }
-        } else if (needs_mask) {
-          int limit[2];
-          CUTE_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-            limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
-          }
-          CUTE_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) {
-            if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
+    // Scores of key block n_block (counted from c.n_first, in tSrS) -> probabilities; rescale
+    // as in RowSoftmax.
+    auto softmax_block = [&](int relative_block, float(&rescale)[2]) {
+      const int n_block = c.n_first + relative_block;
+      const bool needs_mask = n_block >= first_masked_block || n_block < first_unclipped_block;
+      if (!needs_mask && fuse_scale) {
+        constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
+        if constexpr (kFmaShare > 0) {
+          if (params.options.exp2_on_fma) {
+            softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
+            return;
           }
         }
-        softmax.update<0>(tSrS, 1.f, rescale);
-      };
-      auto convert_p = [&]() {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS) / 2; ++i) {
-          p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
-        }
-      };
-
-      softmax.reset();
-      const int q_buffer = tile_iteration % Traits::kQBuffers;
-      auto& q_empty = shared.barrier_q_empty[q_buffer];
-      Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-      shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
-      if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
-        if (!stage_o) q_empty.arrive();
-        release_stored_q_buffer();
-        clear(tOrO);
-      } else {
-        // The first (last in key order) block: S, softmax, P; no output yet.
-        int n_block = c.n_blocks - 1;
-        pipeline_k.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-        pipeline_k.consumer_release(state);
-        if (n_block == 0 && !stage_o) q_empty.arrive();
-        float rescale[2];
-        softmax_block(n_block, rescale);
-        convert_p();
-        release_stored_q_buffer();
-        // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
-        // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
-        // tensor cores still work on the second GEMM.
-        for (--n_block; n_block >= 0; --n_block) {
-          typename Traits::PipelineState next = state;
-          ++next;
-          turn.wait();
-          pipeline_k.consumer_wait(next);
-          warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-              mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
-          pipeline_v.consumer_wait(state);
-          warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-              mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
-              /*zero_init=*/n_block == c.n_blocks - 2);
-          turn.pass();
-          warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
-          finish_operands(tSrS);
-          pipeline_k.consumer_release(next);
-          if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
-          softmax_block(n_block, rescale);
-          warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
-          finish_operands(tOrO, tOrP);
-          pipeline_v.consumer_release(state);
-          CUTE_UNROLL
-          for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
-          convert_p();
-          state = next;
-        }
-        pipeline_v.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
-        pipeline_v.consumer_release(state);
-        ++state;
+        softmax.update<0>(tSrS, scale_log2, rescale);
+        return;
       }
-
-      // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
-      // zeros and lse = -inf; a NaN sum stays NaN.
-      float total[2], inverse[2];
       CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        total[r] = quad_sum(softmax.row_sum[r]);
-        inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
-      }
-      // The tile's first row in the (packed) tensor. The sequence's offset is read again rather
-      // than kept in a register through the key loop (kept, it spilled at head dims 128, 256).
-      const int64_t first_row = int64_t{sequence_span(params.geometry, c.b).q_row0} + c.m_begin;
-      Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
-                     int64_t{c.h} * p.o_head_stride + first_row * p.o_row_stride;
-      // Accumulator pair (i, i + 1) normalised and rounded to the output type.
-      auto output_pair = [&](int i) {
-        const float scale = inverse[(i / 2) % 2];
-        return pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
-      };
-      if (stage_o) {
-        Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); i += 2) {
-          *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
-        }
-        // Every thread's writes, before the copy engine (the async proxy) reads them.
-        cutlass::arch::fence_view_async_shared();
-        named_barrier_sync(stage_o_barrier, 128);
-        if (stores_o) {
-          using Rows = typename Traits::OStageRows;
-          Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
-          // Rows past seqlen_q fall outside the descriptor's extent: the copy engine skips them.
-          // Never varlen here, so the tensors' batch coordinate is c.b.
-          Tensor gO =
-              local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
-                         make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup, _0{}));
-          Tensor sOwn =
-              local_tile(sO, Shape<Rows, typename Traits::HeadDim>{}, make_coord(warpgroup, _0{}));
-          auto o_copy = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwn),
-                                      group_modes<0, 2>(gO));
-          copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));
-          tma_store_arrive();
-        } else {
-          q_empty.arrive();
-        }
-        stored_q_buffer = q_buffer;
-      } else {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); i += 2) {
-          const int row = get<0>(tOcO(i));
-          if (row < c.rows) {
-            *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
-                output_pair(i);
-          }
-        }
-      }
-      if (p.lse != nullptr && lane % 4 == 0) {
-        constexpr float kLn2 = 0.6931471805599453f;
-        float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
-                     int64_t{c.h} * p.lse_head_stride + first_row;
+      for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
+      const TileGeometry g = geometry();
+      if (needs_mask && g.windowed) {
+        int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
-          if (local_row[r] < c.rows) {
-            lse[local_row[r]] =
-                total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
-          }
+          const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+          const detail::Span span = window_key_span(g, row);
+          const int64_t block_begin = int64_t{n_block} * kBlockN;
+          low[r] =
+              static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
+          limit[r] =
+              static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          const int column = get<1>(tScS(i));
+          if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
+        }
+      } else if (needs_mask) {
+        int limit[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+          limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
         }
       }
-      ++tile_iteration;
+      softmax.update<0>(tSrS, 1.f, rescale);
+    };
+    auto convert_p = [&]() {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS) / 2; ++i) {
+        p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+      }
+    };
+
+    softmax.reset();
+    auto& q_empty = shared.barrier_q_empty[q_buffer];
+    Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
+    if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
+      if (!stage_o) q_empty.arrive();
+      release_stored_q_buffer();
+      clear(tOrO);
+    } else {
+      // The first (last in key order) block: S, softmax, P; no output yet.
+      int n_block = c.n_blocks - 1;
+      pipeline_k.consumer_wait(state);
+      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
+          mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
+      pipeline_k.consumer_release(state);
+      if (n_block == 0 && !stage_o) q_empty.arrive();
+      float rescale[2];
+      softmax_block(n_block, rescale);
+      convert_p();
+      release_stored_q_buffer();
+      // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
+      // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
+      // tensor cores still work on the second GEMM.
+      for (--n_block; n_block >= 0; --n_block) {
+        typename Traits::PipelineState next = state;
+        ++next;
+        turn.wait();
+        pipeline_k.consumer_wait(next);
+        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+            mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
+        pipeline_v.consumer_wait(state);
+        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
+            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
+            /*zero_init=*/n_block == c.n_blocks - 2);
+        turn.pass();
+        warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
+        finish_operands(tSrS);
+        pipeline_k.consumer_release(next);
+        if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
+        softmax_block(n_block, rescale);
+        warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
+        finish_operands(tOrO, tOrP);
+        pipeline_v.consumer_release(state);
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
+        convert_p();
+        state = next;
+      }
+      pipeline_v.consumer_wait(state);
+      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
+          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
+      pipeline_v.consumer_release(state);
+      ++state;
+    }
+
+    // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
+    // zeros and lse = -inf; a NaN sum stays NaN.
+    float total[2], inverse[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      total[r] = quad_sum(softmax.row_sum[r]);
+      inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
+    }
+    // The tile's first row in the (packed) tensor. The sequence's offset is read again rather
+    // than kept in a register through the key loop (kept, it spilled at head dims 128, 256).
+    const int64_t first_row = int64_t{sequence_span(params.geometry, c.b).q_row0} + c.m_begin;
+    Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
+                   int64_t{c.h} * p.o_head_stride + first_row * p.o_row_stride;
+    // Accumulator pair (i, i + 1) normalised and rounded to the output type.
+    auto output_pair = [&](int i) {
+      const float scale = inverse[(i / 2) % 2];
+      return pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
+    };
+    if (stage_o) {
+      Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 2) {
+        *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
+      }
+      // Every thread's writes, before the copy engine (the async proxy) reads them.
+      cutlass::arch::fence_view_async_shared();
+      named_barrier_sync(stage_o_barrier, 128);
+      if (stores_o) {
+        using Rows = typename Traits::OStageRows;
+        Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
+        // Rows past seqlen_q fall outside the descriptor's extent: the copy engine skips them.
+        // Never varlen here, so the tensors' batch coordinate is c.b.
+        Tensor gO =
+            local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
+                       make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup, _0{}));
+        Tensor sOwn =
+            local_tile(sO, Shape<Rows, typename Traits::HeadDim>{}, make_coord(warpgroup, _0{}));
+        auto o_copy = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwn),
+                                    group_modes<0, 2>(gO));
+        copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));
+        tma_store_arrive();
+      } else {
+        q_empty.arrive();
+      }
+      stored_q_buffer = q_buffer;
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 2) {
+        const int row = get<0>(tOcO(i));
+        if (row < c.rows) {
+          *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
+              output_pair(i);
+        }
+      }
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+      constexpr float kLn2 = 0.6931471805599453f;
+      float* lse = static_cast<float*>(p.lse) + int64_t{c.b} * p.lse_batch_stride +
+                   int64_t{c.h} * p.lse_head_stride + first_row;
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        if (local_row[r] < c.rows) {
+          lse[local_row[r]] =
+              total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
+        }
+      }
     }
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.

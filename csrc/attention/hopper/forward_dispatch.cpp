@@ -125,10 +125,13 @@ ForwardKernelOptions forward_options_from_environment() {
       options.staged_store = false;
     } else if (item == "varlen_persistent") {
       options.varlen_block_per_unit = false;
+    } else if (item == "static_schedule") {
+      options.dynamic_schedule = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_fma_exp2, no_staged_store and varlen_persistent, got '",
+                    "no_pingpong, no_fma_exp2, no_staged_store, varlen_persistent and "
+                    "static_schedule, got '",
                     value, "'");
     }
   }

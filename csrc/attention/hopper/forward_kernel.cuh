@@ -3,19 +3,19 @@
 //
 // A persistent kernel: at most one block per SM, each taking query tiles (kBlockM rows of one
 // (batch, head)) in the order of forward_scheduler.h until none is left. Warpgroup 0 is the
-// producer (forward_producer.cuh): it gives most of its registers away (setmaxnreg) and one of
-// its threads issues every TMA copy. The other warpgroups are the consumers
-// (forward_consumer.cuh): 64 query rows each, wgmma for S = Q K^T and O += P V, the online
-// softmax in registers, ping-pong turns between them, and the output staged in shared memory
-// and stored by TMA (or stored from registers when a Q buffer cannot be spared).
-// Key blocks are walked from the last to the first, as in the sm80 kernel, so the blocks that
-// need masking (the end of the keys, the causal diagonal) come first. With a sliding window a
-// tile walks only the blocks its rows' windows reach, and the block where they start is masked
-// too (forward_traits.cuh's window helpers). A varlen sequence is a dense problem at an offset
-// of the packed tensors (tiles past its end are skipped; its last key block is read past its
-// end and masked; its output leaves from registers). Rows and keys past the
-// tensors' ends are zero-filled by TMA; keys past the end are masked with -inf, rows past the
-// end are never stored (the TMA store clips them).
+// producer (forward_producer.cuh): it gives most of its registers away (setmaxnreg), one of
+// its threads issues every TMA copy and another takes the block's next work unit. The other
+// warpgroups are the consumers (forward_consumer.cuh): 64 query rows each, wgmma for S = Q K^T and
+// O += P V, the online softmax in registers, ping-pong turns between them, and the output staged in
+// shared memory and stored by TMA (or stored from registers when a Q buffer cannot be spared). Key
+// blocks are walked from the last to the first, as in the sm80 kernel, so the blocks that need
+// masking (the end of the keys, the causal diagonal) come first. With a sliding window a tile walks
+// only the blocks its rows' windows reach, and the block where they start is masked too
+// (forward_traits.cuh's window helpers). A varlen sequence is a dense problem at an offset of the
+// packed tensors (tiles past its end are skipped; its last key block is read past its end and
+// masked; its output leaves from registers). Rows and keys past the tensors' ends are zero-filled
+// by TMA; keys past the end are masked with -inf, rows past the end are never stored (the TMA store
+// clips them).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -50,6 +50,8 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
       shared.barrier_q_full[i].init(1);
       shared.barrier_q_empty[i].init(Traits::kConsumerThreads);
     }
+    shared.barrier_unit_full.init(1);
+    shared.barrier_unit_empty.init(1);
   }
   typename Traits::Pipeline::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kKVBytes;
@@ -64,9 +66,12 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
   __syncthreads();
 
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Traits::kTile.producer_registers()>();
-    if (threadIdx.x == 0)
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kTile.producer_registers>();
+    if (threadIdx.x == 0) {
       producer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);
+    } else if (threadIdx.x == 32) {
+      scheduler_loop(params.schedule, shared);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kTile.consumer_registers()>();
     consumer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);

@@ -1,6 +1,7 @@
 // Internal: the body of hopper::launch_forward, included only by the generated instantiation
-// files (compiled for sm_90a alone): builds the TMA descriptors and the tile schedule and
-// launches the persistent kernel with one block per SM (or per work unit, if fewer).
+// files (compiled for sm_90a alone): builds the TMA descriptors and the tile schedule (with the
+// stream's work counter) and launches the persistent kernel with one block per SM (or per work
+// unit, if fewer).
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "common/check.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
+#include "common/stream_counter.h"
 
 namespace samattn::hopper {
 
@@ -58,7 +60,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   using Element = typename CuteElementOf<kDType>::type;
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   // supports() has checked that the tiles fit the scheduler's int32 unit indices.
-  const TileSchedule schedule =
+  TileSchedule schedule =
       make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
   const ForwardKernelOptions options = forward_options_from_environment();
   const int sms = detail::current_device_info().multiprocessors;
@@ -66,6 +68,10 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const bool block_per_unit = p.cu_seqlens_q != nullptr && options.varlen_block_per_unit;
   const unsigned blocks =
       static_cast<unsigned>(schedule.units < sms || block_per_unit ? schedule.units : sms);
+  // With one unit per block there is nothing to balance.
+  if (options.dynamic_schedule && static_cast<unsigned>(schedule.units) > blocks) {
+    schedule.counter = detail::stream_work_counter(stream);
+  }
   const int64_t heads_kv = p.heads_q / p.group_size;
 
   // Varlen tensors are packed: one batch of total_q (total_k) rows; the kernel finds each

@@ -1,10 +1,11 @@
 // Internal: the producer of the Hopper forward: one thread of warpgroup 0 walks the block's
-// query tiles in the scheduler's order and issues every TMA copy: per tile its Q (into a free Q
-// buffer: with two, while the consumers still work on the previous tile) and the K and V tiles
-// of its key blocks, last to
-// first, into a kStages-deep ring guarded by mbarrier pipelines (full: the copy engine has landed
-// the bytes; empty: every consumer thread is done with the stage). The ring runs across tiles, so
-// the next tile's first keys and its Q arrive while the consumers finish the current one.
+// query tiles in the scheduler's order, tells the consumers which tile each Q buffer holds
+// (publish_tile) and issues every TMA copy: per tile its Q (into a free Q buffer: with two,
+// while the consumers still work on the previous tile) and the K and V tiles of its key
+// blocks, last to first, into a kStages-deep ring guarded by mbarrier pipelines (full: the copy
+// engine has landed the bytes; empty: every consumer thread is done with the stage). The ring
+// runs across tiles, so the next tile's first keys and its Q arrive while the consumers finish
+// the current one.
 #pragma once
 
 #include "attention/hopper/forward_traits.cuh"
@@ -29,8 +30,20 @@ __device__ __forceinline__ void producer_loop(
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
 
   auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-  int tile_iteration = 0;  // counts the tiles that hold rows, as the consumers do
-  for (int32_t unit = blockIdx.x; unit < schedule.units; unit += gridDim.x) {
+  int tile_iteration = 0;  // counts the tiles published to the consumers
+  // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase; the buffer
+  // must be empty of tile i - kQBuffers before its Q and its published tile are replaced.
+  auto acquire_q_buffer = [&]() {
+    const int q_use = tile_iteration / Traits::kQBuffers;
+    if (q_use > 0) shared.barrier_q_empty[tile_iteration % Traits::kQBuffers].wait((q_use - 1) & 1);
+    return tile_iteration % Traits::kQBuffers;
+  };
+  for (int taken = 0;; ++taken) {
+    // The scheduler thread's next unit (scheduler_loop); this thread frees the slot once the
+    // unit's loads are out.
+    shared.barrier_unit_full.wait(taken & 1);
+    const int32_t unit = published_tile(shared.scheduled_unit).unit;
+    if (unit >= schedule.units) break;
     const int tiles = schedule.tiles_in(unit);
     for (int half = 0; half < tiles; ++half) {
       const TileCoords c =
@@ -71,10 +84,8 @@ __device__ __forceinline__ void producer_loop(
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
       int n_block = c.n_blocks - 1;
       if (n_block >= 0) load_k(n_block);
-      // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase.
-      const int q_buffer = tile_iteration % Traits::kQBuffers;
-      const int q_use = tile_iteration / Traits::kQBuffers;
-      if (q_use > 0) shared.barrier_q_empty[q_buffer].wait((q_use - 1) & 1);
+      const int q_buffer = acquire_q_buffer();
+      publish_tile(shared.q_tile[q_buffer], unit, half);
       shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
       copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
            get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
@@ -85,6 +96,28 @@ __device__ __forceinline__ void producer_loop(
       }
       ++tile_iteration;
     }
+    shared.barrier_unit_empty.arrive();
+  }
+  // The end, in the next Q buffer's turn: no bytes to wait for, only this arrival.
+  const int q_buffer = acquire_q_buffer();
+  publish_tile(shared.q_tile[q_buffer], kNoMoreTiles.unit, kNoMoreTiles.half);
+  shared.barrier_q_full[q_buffer].arrive();
+}
+
+// One thread of warpgroup 0 (not the TMA thread: fetching from the work counter there took
+// registers it did not have) walks the block's units, one at a time: it publishes a unit and
+// takes the next one when the producer has issued the loads of the published one (next_unit;
+// the atomic's latency hides behind the key blocks the producer runs ahead of the consumers).
+template <typename SharedStorage>
+__device__ __forceinline__ void scheduler_loop(const TileSchedule& schedule,
+                                               SharedStorage& shared) {
+  int32_t unit = blockIdx.x;
+  for (int published = 0;; ++published) {
+    publish_tile(shared.scheduled_unit, unit, 0);
+    shared.barrier_unit_full.arrive();
+    if (unit >= schedule.units) return;
+    shared.barrier_unit_empty.wait(published & 1);
+    unit = next_unit(schedule, unit);
   }
 }
 

@@ -2,15 +2,20 @@
 // order. Plain C++ (host and device) so the launcher sizes the grid from the same numbers.
 //
 // The grid has at most one block per SM (varlen: one block per unit by default, see
-// ForwardKernelOptions); block c takes work units c, c + grid, c + 2 grid, ...
-// (a static schedule: every warp of the block derives the same sequence, nothing is exchanged).
-// Units are numbered head by head, so the blocks running at one time share few (batch, head)
-// pairs and their K and V stay in L2.
+// ForwardKernelOptions). Block c starts with work unit c. Units are numbered head by head, so the
+// blocks running at one time share few (batch, head) pairs and their K and V stay in L2.
 //  - Without causal masking a unit is one query tile; all cost the same.
 //  - With causal masking query tile m of a head sees m + 1 key blocks (for square tiles), so a
 //    unit pairs tile m_blocks - 1 - p (the heavier, run first) with tile p: every pair costs
-//    about m_blocks + 1 key blocks, and the static round robin stays balanced without an atomic
-//    tile counter (which would need zeroed global memory on every launch).
+//    about m_blocks + 1 key blocks.
+// Its next units come from one of two schedules:
+//  - dynamic (a work counter, stream_counter.h): the block's producer takes the next unit not yet
+//    taken with atomicAdd when it has issued the loads of its current one, so a block that
+//    finishes early takes more. The fetch that takes the counter's last value resets it to zero.
+//  - static (no counter: while a CUDA graph is captured, or SAMATTN_HOPPER_ABLATION=
+//    static_schedule): units c + grid, c + 2 grid, ... A fixed round robin aliases with periodic
+//    unit costs: with two pairs per head of 3 and 6 key blocks (head dim 64, 512 rows, causal)
+//    and an even grid, half the blocks got every heavy unit.
 #pragma once
 
 #include <cstdint>
@@ -28,17 +33,37 @@ struct QueryTile {
   int32_t m_block;     // query rows [m_block * block_m, (m_block + 1) * block_m)
 };
 
+// Tile `half` of work unit `unit` (TileSchedule::tile), as the kernel's producer hands it to the
+// consumers; unit < 0: no more tiles.
+struct alignas(8) ScheduledTile {  // 8: moved as one 64-bit shared-memory access
+  int32_t unit;
+  int32_t half;
+};
+
+inline constexpr ScheduledTile kNoMoreTiles{-1, 0};
+
 struct TileSchedule {
   int32_t units;           // batch * heads_q * units_per_head
   int32_t m_blocks;        // query tiles per (batch, head)
   int32_t units_per_head;  // m_blocks, or ceil(m_blocks / 2) when paired
   bool paired;             // causal: a unit is two tiles of one head
+  int32_t* counter;        // the dynamic schedule's work counter; null: the static schedule
 
   // How many tiles (1 or 2) unit `unit` holds.
   SAMATTN_HOST_DEVICE int tiles_in(int32_t unit) const {
     const int32_t p = unit % units_per_head;
     return paired && 2 * p + 1 != m_blocks ? 2 : 1;
   }
+
+  // The dynamic schedule: a fetch that took `taken` from the counter hands its block unit
+  // grid + taken (none when >= units). Every block fetches once per unit it takes (its first,
+  // blockIdx.x, included), the last fetch finding none: units fetches in all, taking the values
+  // 0 .. units - 1 (units >= grid), so the one that takes units - 1 is the launch's last and
+  // resets the counter.
+  SAMATTN_HOST_DEVICE int32_t unit_of_fetch(int32_t grid, int32_t taken) const {
+    return grid + taken;
+  }
+  SAMATTN_HOST_DEVICE bool fetch_resets_counter(int32_t taken) const { return taken == units - 1; }
 
   // Tile `half` (0, or 1 when tiles_in(unit) == 2) of unit `unit`.
   SAMATTN_HOST_DEVICE QueryTile tile(int32_t unit, int half) const {
@@ -59,6 +84,20 @@ inline TileSchedule make_tile_schedule(int64_t batch_heads, int64_t seqlen_q, in
   s.units = static_cast<int32_t>(batch_heads * s.units_per_head);
   return s;
 }
+
+#if defined(__CUDACC__)
+// The unit this block takes after `unit` (>= units: none). One thread per block calls it, once
+// per unit, after issuing that unit's loads: the producer then runs a few key blocks ahead of the
+// consumers, which hides the atomic's latency (fetched before the unit's loads, the result took
+// a register that the producer's 24 do not have).
+__device__ __forceinline__ int32_t next_unit(const TileSchedule& s, int32_t unit) {
+  const int32_t grid = static_cast<int32_t>(gridDim.x);
+  if (s.counter == nullptr) return unit + grid;
+  const int32_t taken = atomicAdd(s.counter, 1);
+  if (s.fetch_resets_counter(taken)) atomicExch(s.counter, 0);  // ready for the next launch
+  return s.unit_of_fetch(grid, taken);
+}
+#endif
 
 }  // namespace samattn::hopper
 

@@ -84,6 +84,13 @@ struct KernelTraits {
     // is done with the last S GEMM of its tile, so the producer may load a later tile's Q.
     cutlass::arch::ClusterTransactionBarrier barrier_q_full[kQBuffers];
     cutlass::arch::ClusterBarrier barrier_q_empty[kQBuffers];
+    // The query tile each Q buffer holds (publish_tile), or the end of the block's work.
+    ScheduledTile q_tile[kQBuffers];
+    // The unit the scheduler thread hands the producer (its half unused), and when it is
+    // there (full) and taken (empty).
+    ScheduledTile scheduled_unit;
+    cutlass::arch::ClusterBarrier barrier_unit_full;
+    cutlass::arch::ClusterBarrier barrier_unit_empty;
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
@@ -154,6 +161,27 @@ struct HopperForwardParams {
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
 };
+
+// The producer alone walks the schedule; it tells the consumers which tile a Q buffer holds (as
+// its unit and half: both are live in the producer's loop anyway, and its 24 registers have no
+// room for more) by writing it next to the buffer before arriving on the buffer's full barrier,
+// and they read it after their wait. The asm carries memory clobbers to keep both accesses on
+// their side of the barrier operations (CUTLASS's mbarrier asm has none); the barrier's release
+// and acquire order them between threads. unit < 0 ends the block's work.
+__device__ __forceinline__ void publish_tile(ScheduledTile& slot, int32_t unit, int32_t half) {
+  const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
+  asm volatile("st.shared.v2.s32 [%0], {%1, %2};" ::"r"(address), "r"(unit), "r"(half) : "memory");
+}
+
+__device__ __forceinline__ ScheduledTile published_tile(const ScheduledTile& slot) {
+  const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
+  ScheduledTile tile;
+  asm volatile("ld.volatile.shared.v2.s32 {%0, %1}, [%2];"
+               : "=r"(tile.unit), "=r"(tile.half)
+               : "r"(address)
+               : "memory");
+  return tile;
+}
 
 // The (batch, head, rows, key blocks) of one query tile, as every role of the block sees it.
 struct TileCoords {
