@@ -1,6 +1,6 @@
 """Varlen on the Hopper forward: one block per work unit (the default) against the persistent
-grid (SAMATTN_HOPPER_ABLATION=varlen_persistent), next to the padded dense call, in alternating
-rounds in one process. The batch is the masks benchmark's (samattn.bench.masks): random lengths
+grid (SAMATTN_HOPPER_ABLATION=varlen_persistent) with its work counter and with the static round
+robin (static_schedule), next to the padded dense call, in alternating rounds in one process. The batch is the masks benchmark's (samattn.bench.masks): random lengths
 64..3071 packed into 16384 tokens, H = 16, D = 128, bf16, causal.
 
     python3 benchmarks/bench_varlen_schedule.py --out $OUT/varlen_schedule.json
@@ -19,6 +19,7 @@ import sys
 import torch
 
 import samattn
+from samattn.bench.masks import varlen_lengths
 from samattn.bench.timing import measure_interleaved
 
 TOTAL, HEADS, HEAD_DIM = 16384, 16, 128
@@ -37,22 +38,12 @@ def ablation(value):
             os.environ["SAMATTN_HOPPER_ABLATION"] = previous
 
 
-def lengths_like_masks_bench():
-    gen = torch.Generator().manual_seed(0)
-    lengths, left = [], TOTAL
-    while left > 0:
-        n = min(left, int(torch.randint(64, 3072, (1,), generator=gen)))
-        lengths.append(n)
-        left -= n
-    return lengths
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="varlen_schedule.json")
     parser.add_argument("--budget-ms", type=float, default=300.0)
     args = parser.parse_args(argv)
-    lengths = lengths_like_masks_bench()
+    lengths = varlen_lengths(TOTAL)
     longest = max(lengths)
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(TOTAL, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
@@ -70,13 +61,14 @@ def main(argv=None) -> int:
     def varlen():
         return samattn.varlen_attention(q, k, v, cu, cu, longest, longest, causal=True)
 
-    settings = {"block_per_unit": "", "persistent": "varlen_persistent"}
+    settings = {"block_per_unit": "", "persistent": "varlen_persistent",
+                "persistent_static": "varlen_persistent,static_schedule"}
     outputs = {}
     for name, value in settings.items():
         with ablation(value):
             outputs[name] = varlen()
     torch.cuda.synchronize()
-    identical = torch.equal(outputs["block_per_unit"], outputs["persistent"])
+    identical = all(torch.equal(outputs["block_per_unit"], out) for out in outputs.values())
     calls = {name: [varlen] for name in settings}
     calls["padded dense"] = [lambda: samattn.attention(*padded, causal=True)]
     timings = measure_interleaved(calls, rounds=3, budget_ms=args.budget_ms,
@@ -107,7 +99,7 @@ def main(argv=None) -> int:
           f"outputs bit-identical: {identical}")
     for name, entry in result["methods"].items():
         ratio = entry.get("padded_x_useful_over_varlen")
-        print(f"  {name:<16} {entry['median_ms']:.3f} ms (min {entry['min_ms']:.3f})"
+        print(f"  {name:<18} {entry['median_ms']:.3f} ms (min {entry['min_ms']:.3f})"
               + (f", padded x useful / varlen = {ratio:.2f}" if ratio else ""))
     return 0 if identical else 1
 

@@ -214,16 +214,23 @@ def _run_method(row: dict, call: Callable, ref: Dict, budget_ms: float) -> dict:
 
 # ---- varlen ----------------------------------------------------------------------------------
 
-def _varlen_rows(total: int, heads: int, d: int, budget_ms: float, progress) -> List[dict]:
-    """samattn.varlen_attention on packed tokens (causal) vs the same sequences padded to the
-    longest: samattn and SDPA (default backend) on the padded batch. Every output row is checked
-    against a per-sequence fp64 reference (padding rows excluded)."""
-    gen = torch.Generator().manual_seed(0)
+def varlen_lengths(total: int, seed: int = 0) -> List[int]:
+    """The benchmarks' varlen batch: random lengths in 64..3071 (the last one cut short) that add
+    up to `total` tokens, the same for the same seed."""
+    gen = torch.Generator().manual_seed(seed)
     lengths, left = [], total
     while left > 0:
         n = min(left, int(torch.randint(64, 3072, (1,), generator=gen)))
         lengths.append(n)
         left -= n
+    return lengths
+
+
+def _varlen_rows(total: int, heads: int, d: int, budget_ms: float, progress) -> List[dict]:
+    """samattn.varlen_attention on packed tokens (causal) vs the same sequences padded to the
+    longest: samattn and SDPA (default backend) on the padded batch. Every output row is checked
+    against a per-sequence fp64 reference (padding rows excluded)."""
+    lengths = varlen_lengths(total)
     longest = max(lengths)
     dtype = torch.bfloat16
     cuda_gen = torch.Generator(device="cuda").manual_seed(1)
