@@ -348,9 +348,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tiles", action="store_true",
                         help="leave out the tile variants even where the build has them")
     parser.add_argument("--ablations", nargs="*", default=[],
-                        choices=["no_pingpong", "no_fma_exp2", "no_staged_store"],
+                        choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / (head dim 64) exp2 on "
-                             "the FMA pipe / O staged through shared memory")
+                             "the FMA pipe / O staged through shared memory / the work counter")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

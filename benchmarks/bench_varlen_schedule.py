@@ -1,6 +1,7 @@
-"""Varlen on the Hopper forward: one block per work unit (the default) against the persistent
-grid (SAMATTN_HOPPER_ABLATION=varlen_persistent) with its work counter and with the static round
-robin (static_schedule), next to the padded dense call, in alternating rounds in one process. The batch is the masks benchmark's (samattn.bench.masks): random lengths
+"""Varlen on the Hopper forward: the persistent grid with its work counter (the default) against
+one block per work unit (SAMATTN_HOPPER_ABLATION=varlen_block_per_unit, what runs while a CUDA
+graph is captured) and the persistent grid's static round robin (static_schedule), next to the
+padded dense call, in alternating rounds in one process. The batch is the masks benchmark's (samattn.bench.masks): random lengths
 64..3071 packed into 16384 tokens, H = 16, D = 128, bf16, causal.
 
     python3 benchmarks/bench_varlen_schedule.py --out $OUT/varlen_schedule.json
@@ -61,14 +62,14 @@ def main(argv=None) -> int:
     def varlen():
         return samattn.varlen_attention(q, k, v, cu, cu, longest, longest, causal=True)
 
-    settings = {"block_per_unit": "", "persistent": "varlen_persistent",
-                "persistent_static": "varlen_persistent,static_schedule"}
+    settings = {"persistent": "", "block_per_unit": "varlen_block_per_unit",
+                "persistent_static": "static_schedule"}
     outputs = {}
     for name, value in settings.items():
         with ablation(value):
             outputs[name] = varlen()
     torch.cuda.synchronize()
-    identical = all(torch.equal(outputs["block_per_unit"], out) for out in outputs.values())
+    identical = all(torch.equal(outputs["persistent"], out) for out in outputs.values())
     calls = {name: [varlen] for name in settings}
     calls["padded dense"] = [lambda: samattn.attention(*padded, causal=True)]
     timings = measure_interleaved(calls, rounds=3, budget_ms=args.budget_ms,

@@ -531,8 +531,8 @@ TEST(MaskHopperDispatch, WindowWithKvStrideStaysOnTheMaskedKernel) {
 // tensors, so the varlen call must write, sequence by sequence, the bytes of a dense batch-1
 // Hopper call on that sequence's rows (checked against the reference by MaskHopper and the
 // Hopper suites), lse included. Empty sequences, rows that see no key, sequences longer than a
-// 128-row tile, GQA, every head dim, causal and the window; both outputs poisoned first. The
-// persistent grid (SAMATTN_HOPPER_ABLATION=varlen_persistent) must write the same bytes too.
+// 128-row tile, GQA, every head dim, causal and the window; every output poisoned first. One
+// block per unit and the static schedule (SAMATTN_HOPPER_ABLATION) must write the same bytes.
 struct HopperVarlenCase {
   std::string name;
   std::vector<int32_t> lengths_q, lengths_k;
@@ -616,14 +616,19 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
   packed.backend = Backend::kAuto;
   ASSERT_EQ(select_backend(packed), Backend::kHopper);
   attention_forward(packed, nullptr);
-  // The persistent grid (the schedule's other form) must write the same bytes.
-  DeviceBuffer persistent_out(poisoned);
-  AttentionParams persistent = packed;
-  persistent.out = persistent_out.get();
-  persistent.lse = nullptr;
-  setenv("SAMATTN_HOPPER_ABLATION", "varlen_persistent", 1);
-  attention_forward(persistent, nullptr);
-  unsetenv("SAMATTN_HOPPER_ABLATION");
+  // The schedule's other forms must write the same bytes: one block per unit, and the
+  // persistent grid's static round robin (the default takes units from the work counter when
+  // there are more than SMs: 168 units at head dim 128 without causal pairs).
+  const char* other_schedules[] = {"varlen_block_per_unit", "static_schedule"};
+  DeviceBuffer other_outs[] = {DeviceBuffer(poisoned), DeviceBuffer(poisoned)};
+  for (size_t i = 0; i < std::size(other_schedules); ++i) {
+    AttentionParams other = packed;
+    other.out = other_outs[i].get();
+    other.lse = nullptr;
+    setenv("SAMATTN_HOPPER_ABLATION", other_schedules[i], 1);
+    attention_forward(other, nullptr);
+    unsetenv("SAMATTN_HOPPER_ABLATION");
+  }
 
   std::vector<std::vector<float>> dense_lse(sequences);
   for (int64_t b = 0; b < sequences; ++b) {
@@ -647,8 +652,10 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
   varlen_out.download(got.data());
   dense_out.download(want.data());
   EXPECT_EQ(got.bytes, want.bytes);
-  persistent_out.download(want.data());
-  EXPECT_EQ(got.bytes, want.bytes) << "the persistent grid wrote other bytes";
+  for (size_t i = 0; i < std::size(other_schedules); ++i) {
+    other_outs[i].download(want.data());
+    EXPECT_EQ(got.bytes, want.bytes) << other_schedules[i] << " wrote other bytes";
+  }
   std::vector<float> lse(kHeadsQ * total_q);
   varlen_lse.download(lse.data());
   int64_t wrong = 0;

@@ -503,6 +503,37 @@ TEST(HopperGpuRuns, WorkCounterScheduleMatchesTheStaticOne) {
   }
 }
 
+// Captured into a CUDA graph (global mode, as torch.cuda.graph captures), where the launcher
+// takes no work counter (a graph may be replayed on any stream) and runs the static schedule:
+// every replay, its output poisoned before, writes the uncaptured call's bytes.
+TEST(HopperGpuRuns, CapturedInAGraphWritesTheSameBytes) {
+  SKIP_WITHOUT_HOPPER();
+  Problem pb({4, 16, 8, 1024, 1024, 128, 128}, DType::kBFloat16);
+  pb.params.causal = true;
+  const std::vector<uint8_t> expected = run_on_device(pb, Backend::kHopper, nullptr).bytes;
+  DeviceProblem dp(pb);
+  dp.pb.params.backend = Backend::kHopper;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  attention_forward(dp.pb.params, stream);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t replay;
+  ASSERT_EQ(cudaGraphInstantiate(&replay, graph, 0), cudaSuccess);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(cudaMemsetAsync(dp.out.get(), 0xff, expected.size(), stream), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(replay, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<uint8_t> got(expected.size());
+    dp.out.download(got.data());
+    EXPECT_EQ(got, expected) << "replay " << round;
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(replay), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 // Two streams at once, each with its own work counter: every launch, its output poisoned in its
 // stream just before, must write the static schedule's bytes.
 TEST(HopperGpuRuns, WorkCountersOfTwoStreamsDoNotMix) {

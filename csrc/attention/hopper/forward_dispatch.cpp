@@ -123,15 +123,15 @@ ForwardKernelOptions forward_options_from_environment() {
       options.exp2_on_fma = false;
     } else if (item == "no_staged_store") {
       options.staged_store = false;
-    } else if (item == "varlen_persistent") {
-      options.varlen_block_per_unit = false;
+    } else if (item == "varlen_block_per_unit") {
+      options.varlen_block_per_unit = true;
     } else if (item == "static_schedule") {
       options.dynamic_schedule = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_fma_exp2, no_staged_store, varlen_persistent and "
-                    "static_schedule, got '",
+                    "no_pingpong, no_fma_exp2, no_staged_store, static_schedule and "
+                    "varlen_block_per_unit, got '",
                     value, "'");
     }
   }

@@ -64,14 +64,19 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
   const ForwardKernelOptions options = forward_options_from_environment();
   const int sms = detail::current_device_info().multiprocessors;
+  int32_t* counter = options.dynamic_schedule && schedule.units > sms
+                         ? detail::stream_work_counter(stream)  // null while a graph is captured
+                         : nullptr;
+  // Varlen units cost what their sequences' lengths (on the device) make them: without a work
+  // counter to balance them, one block per unit lets the hardware do it (unless the static
+  // schedule is asked for).
+  const bool block_per_unit =
+      p.cu_seqlens_q != nullptr &&
+      (options.varlen_block_per_unit || (options.dynamic_schedule && counter == nullptr));
   // supports() has bounded the units by 2^30, within the grid's limit.
-  const bool block_per_unit = p.cu_seqlens_q != nullptr && options.varlen_block_per_unit;
   const unsigned blocks =
       static_cast<unsigned>(schedule.units < sms || block_per_unit ? schedule.units : sms);
-  // With one unit per block there is nothing to balance.
-  if (options.dynamic_schedule && static_cast<unsigned>(schedule.units) > blocks) {
-    schedule.counter = detail::stream_work_counter(stream);
-  }
+  schedule.counter = block_per_unit ? nullptr : counter;  // one unit per block: nothing to balance
   const int64_t heads_kv = p.heads_q / p.group_size;
 
   // Varlen tensors are packed: one batch of total_q (total_k) rows; the kernel finds each

@@ -1,7 +1,7 @@
 // Internal: which query tiles each block of the persistent Hopper forward computes, and in what
 // order. Plain C++ (host and device) so the launcher sizes the grid from the same numbers.
 //
-// The grid has at most one block per SM (varlen: one block per unit by default, see
+// The grid has at most one block per SM (varlen without a work counter: one block per unit, see
 // ForwardKernelOptions). Block c starts with work unit c. Units are numbered head by head, so the
 // blocks running at one time share few (batch, head) pairs and their K and V stay in L2.
 //  - Without causal masking a unit is one query tile; all cost the same.
