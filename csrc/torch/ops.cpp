@@ -202,6 +202,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
 // The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper"),
 // for the output attention_forward allocates: contiguous (batch, heads_q, seqlen_q, head_dim_v),
 // as aligned as query.
+// Strides of a contiguous (batch, heads, seqlen, dim) tensor, as the ops allocate their outputs.
+Strides contiguous_strides(int64_t heads, int64_t seqlen, int64_t dim) {
+  return Strides{heads * seqlen * dim, seqlen * dim, dim};
+}
+
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend,
@@ -221,8 +226,7 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
                     "always run the fp64 reference");
   params.out = query.data_ptr();
-  params.out_strides = Strides{params.heads_q * params.seqlen_q * params.head_dim_v,
-                               params.seqlen_q * params.head_dim_v, params.head_dim_v};
+  params.out_strides = contiguous_strides(params.heads_q, params.seqlen_q, params.head_dim_v);
   const c10::cuda::CUDAGuard guard(query.device());
   try {
     return backend_name(select_backend(params));
@@ -243,10 +247,7 @@ std::string selected_backward_backend_op(const at::Tensor& query, const at::Tens
   TORCH_CHECK_VALUE(query.is_cuda(),
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
                     "always run the fp64 reference");
-  const auto contiguous = [](int64_t heads, int64_t seqlen, int64_t dim) {
-    return Strides{heads * seqlen * dim, seqlen * dim, dim};
-  };
-  const Strides rows_q = contiguous(forward.heads_q, forward.seqlen_q, forward.head_dim_v);
+  const Strides rows_q = contiguous_strides(forward.heads_q, forward.seqlen_q, forward.head_dim_v);
   forward.out = query.data_ptr();
   forward.out_strides = rows_q;
   AttentionBackwardParams params;
@@ -254,11 +255,11 @@ std::string selected_backward_backend_op(const at::Tensor& query, const at::Tens
   params.dout = query.data_ptr();
   params.dout_strides = rows_q;
   params.dq = query.data_ptr();
-  params.dq_strides = contiguous(forward.heads_q, forward.seqlen_q, forward.head_dim);
+  params.dq_strides = contiguous_strides(forward.heads_q, forward.seqlen_q, forward.head_dim);
   params.dk = key.data_ptr();
-  params.dk_strides = contiguous(forward.heads_kv, forward.seqlen_k, forward.head_dim);
+  params.dk_strides = contiguous_strides(forward.heads_kv, forward.seqlen_k, forward.head_dim);
   params.dv = value.data_ptr();
-  params.dv_strides = contiguous(forward.heads_kv, forward.seqlen_k, forward.head_dim_v);
+  params.dv_strides = contiguous_strides(forward.heads_kv, forward.seqlen_k, forward.head_dim_v);
   const c10::cuda::CUDAGuard guard(query.device());
   try {
     return backend_name(select_backward_backend(params));

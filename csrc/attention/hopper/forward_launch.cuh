@@ -90,7 +90,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
                                                 p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   // With no kept keys the kernel loads no K/V tile, and k/v may be empty allocations (null, or
   // zero strides): their descriptors then describe q instead, which is valid and never read.
-  const bool no_keys = p.kept_keys == 0 || k_rows == 0;
+  const bool no_keys = k_rows == 0;
   auto k = no_keys ? q
                    : detail_launch::gmem_tensor<const Element>(p.k, k_rows, kHeadDim, heads_kv,
                                                                tensor_batch, p.k_row_stride,

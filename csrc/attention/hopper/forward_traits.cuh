@@ -214,12 +214,16 @@ __device__ __forceinline__ SequenceSpan sequence_span(const TileGeometry& call, 
 // The geometry of sequence b: the call's, with a varlen sequence's lengths. The consumers call it
 // where they need it rather than keeping it in registers through the key loop (next to the
 // loop's accumulators the two lengths spilled at head dims 128 and 256); cu_seqlens stays cached.
-__device__ __forceinline__ TileGeometry sequence_geometry(const TileGeometry& call, int32_t b) {
+__device__ __forceinline__ TileGeometry sequence_geometry(const TileGeometry& call,
+                                                          const SequenceSpan& span) {
   TileGeometry g = call;
-  const SequenceSpan span = sequence_span(call, b);
   g.seqlen_q = span.seqlen_q;
   g.kept_keys = span.kept_keys;
   return g;
+}
+
+__device__ __forceinline__ TileGeometry sequence_geometry(const TileGeometry& call, int32_t b) {
+  return sequence_geometry(call, sequence_span(call, b));
 }
 
 // One past the last logical key query row `row` (< seqlen_q) sees: key n is visible to query i
@@ -274,9 +278,7 @@ __device__ __forceinline__ TileCoords tile_coords(const TileGeometry& call, Quer
   c.b_tensor = call.cu_seqlens_q == nullptr ? c.b : 0;
   c.q_row0 = span.q_row0;
   c.k_row0 = span.k_row0;
-  TileGeometry g = call;
-  g.seqlen_q = span.seqlen_q;
-  g.kept_keys = span.kept_keys;
+  const TileGeometry g = sequence_geometry(call, span);
   c.m_block = tile.m_block;
   c.m_begin = tile.m_block * kBlockM;
   c.rows = min(kBlockM, g.seqlen_q - c.m_begin);
