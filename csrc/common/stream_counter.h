@@ -15,6 +15,9 @@ namespace samattn::detail {
 // call for a (device, stream) and kept for the life of the process, since kernels queued on the
 // stream may still use it at exit.
 //
+// Counters are keyed by the stream's handle: a stream destroyed while its kernels still run,
+// whose handle a new stream gets at once, would share the counter with them (not guarded).
+//
 // Returns nullptr while `stream` is being captured into a CUDA graph (a graph can be replayed on
 // any stream, alongside other work on this one): the caller then uses its static schedule.
 int32_t* stream_work_counter(cudaStream_t stream);
