@@ -199,14 +199,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
   return {dq, dk, dv};
 }
 
-// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper"),
-// for the output attention_forward allocates: contiguous (batch, heads_q, seqlen_q, head_dim_v),
-// as aligned as query.
 // Strides of a contiguous (batch, heads, seqlen, dim) tensor, as the ops allocate their outputs.
 Strides contiguous_strides(int64_t heads, int64_t seqlen, int64_t dim) {
   return Strides{heads * seqlen * dim, seqlen * dim, dim};
 }
 
+// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper"),
+// for the output attention_forward allocates: contiguous (batch, heads_q, seqlen_q, head_dim_v),
+// as aligned as query.
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend,

@@ -9,9 +9,10 @@
 //    unit pairs tile m_blocks - 1 - p (the heavier, run first) with tile p: every pair costs
 //    about m_blocks + 1 key blocks.
 // Its next units come from one of two schedules:
-//  - dynamic (a work counter, stream_counter.h): the block's producer takes the next unit not yet
-//    taken with atomicAdd when it has issued the loads of its current one, so a block that
-//    finishes early takes more. The fetch that takes the counter's last value resets it to zero.
+//  - dynamic (a work counter, stream_counter.h): the block's scheduler thread takes the next unit
+//    not yet taken with atomicAdd once the TMA thread has issued the loads of the current one,
+//    so a block that finishes early takes more. The fetch that takes the counter's last value
+//    resets it to zero.
 //  - static (no counter: while a CUDA graph is captured, or SAMATTN_HOPPER_ABLATION=
 //    static_schedule): units c + grid, c + 2 grid, ... A fixed round robin aliases with periodic
 //    unit costs: with two pairs per head of 3 and 6 key blocks (head dim 64, 512 rows, causal)
@@ -86,10 +87,10 @@ inline TileSchedule make_tile_schedule(int64_t batch_heads, int64_t seqlen_q, in
 }
 
 #if defined(__CUDACC__)
-// The unit this block takes after `unit` (>= units: none). One thread per block calls it, once
-// per unit, after issuing that unit's loads: the producer then runs a few key blocks ahead of the
-// consumers, which hides the atomic's latency (fetched before the unit's loads, the result took
-// a register that the producer's 24 do not have).
+// The unit this block takes after `unit` (>= units: none). The block's scheduler thread calls
+// it once per unit, when the TMA thread has issued that unit's loads: the loads run a few key
+// blocks ahead of the consumers, which hides the atomic's latency, and fetching no earlier
+// leaves the units not yet started to whichever block frees up first.
 __device__ __forceinline__ int32_t next_unit(const TileSchedule& s, int32_t unit) {
   const int32_t grid = static_cast<int32_t>(gridDim.x);
   if (s.counter == nullptr) return unit + grid;

@@ -162,12 +162,13 @@ struct HopperForwardParams {
   typename Traits::TmaO tma_o;
 };
 
-// The producer alone walks the schedule; it tells the consumers which tile a Q buffer holds (as
-// its unit and half: both are live in the producer's loop anyway, and its 24 registers have no
-// room for more) by writing it next to the buffer before arriving on the buffer's full barrier,
-// and they read it after their wait. The asm carries memory clobbers to keep both accesses on
-// their side of the barrier operations (CUTLASS's mbarrier asm has none); the barrier's release
-// and acquire order them between threads. unit < 0 ends the block's work.
+// Only warpgroup 0 walks the schedule. Its TMA thread tells the consumers which tile a Q buffer
+// holds (as its unit and half, which its loop has live anyway: the tile's coordinates would take
+// registers) by writing it next to the buffer before arriving on the buffer's full barrier, and
+// they read it after their wait; the scheduler thread hands units to the TMA thread the same way.
+// The asm carries memory clobbers to keep both accesses on their side of the barrier operations
+// (CUTLASS's mbarrier asm has none); the barrier's release and acquire order them between threads.
+// unit < 0 ends the block's work.
 __device__ __forceinline__ void publish_tile(ScheduledTile& slot, int32_t unit, int32_t half) {
   const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
   asm volatile("st.shared.v2.s32 [%0], {%1, %2};" ::"r"(address), "r"(unit), "r"(half) : "memory");
