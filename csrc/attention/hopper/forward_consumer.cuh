@@ -203,13 +203,33 @@ __device__ __forceinline__ void consumer_loop(
     softmax.reset();
     auto& q_empty = shared.barrier_q_empty[q_buffer];
     Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-    if (c.n_blocks == 0) {  // no kept keys: zeros and lse = -inf
+    // The tile's highest key blocks may lie past every diagonal (or window end) of this
+    // warpgroup's rows, and a warpgroup whose rows all lie past the sequence's end sees none:
+    // it passes those stages on without a GEMM (192-row tiles of 128-key blocks at causal
+    // S = 1k: a quarter of the GEMMs). It still waits for each stage to land, so that its
+    // release can only complete the phase the stage is in, and it keeps every turn of the tile
+    // (one per block after the first), so the turns of all warpgroups stay in step.
+    const int own_blocks =
+        warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
+    const int idle_turns = c.n_blocks - max(own_blocks, 1);
+    for (int skipped = 0; skipped < c.n_blocks - own_blocks; ++skipped) {
+      pipeline_k.consumer_wait(state);
+      pipeline_k.consumer_release(state);
+      pipeline_v.consumer_wait(state);
+      pipeline_v.consumer_release(state);
+      ++state;
+      if (skipped < idle_turns) {
+        turn.wait();
+        turn.pass();
+      }
+    }
+    if (own_blocks == 0) {  // no visible key: zeros and lse = -inf
       if (!stage_o) q_empty.arrive();
       release_stored_q_buffer();
       clear(tOrO);
     } else {
       // The first (last in key order) block: S, softmax, P; no output yet.
-      int n_block = c.n_blocks - 1;
+      int n_block = own_blocks - 1;
       pipeline_k.consumer_wait(state);
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
@@ -232,7 +252,7 @@ __device__ __forceinline__ void consumer_loop(
         pipeline_v.consumer_wait(state);
         warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
             mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
-            /*zero_init=*/n_block == c.n_blocks - 2);
+            /*zero_init=*/n_block == own_blocks - 2);
         turn.pass();
         warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
         finish_operands(tSrS);
@@ -249,7 +269,7 @@ __device__ __forceinline__ void consumer_loop(
       }
       pipeline_v.consumer_wait(state);
       warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/c.n_blocks == 1);
+          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
       pipeline_v.consumer_release(state);
       ++state;
     }

@@ -302,4 +302,19 @@ __device__ __forceinline__ TileCoords tile_coords(const TileGeometry& call, Quer
   return c;
 }
 
+// How many of tile c's key blocks (counted from c.n_first, so the lowest ones) the rows
+// [first_row, first_row + 64) of one consumer warpgroup see: the blocks above are past every
+// one of those rows' causal diagonals or window ends, and the warpgroup skips them (none when
+// all its rows lie past the sequence's end). The tile's last warpgroup with rows sees all of
+// c.n_blocks.
+template <int kBlockN>
+__device__ __forceinline__ int32_t warpgroup_key_blocks(const TileGeometry& g, const TileCoords& c,
+                                                        int32_t first_row) {
+  if (first_row >= c.m_begin + c.rows) return 0;
+  const int32_t last_row = min(first_row + 63, c.m_begin + c.rows - 1);
+  const int64_t key_end = g.windowed ? window_key_span(g, last_row).end : row_key_end(g, last_row);
+  const int64_t blocks = (key_end + kBlockN - 1) / kBlockN - c.n_first;
+  return static_cast<int32_t>(max(int64_t{0}, min(blocks, int64_t{c.n_blocks})));
+}
+
 }  // namespace samattn::hopper
