@@ -474,12 +474,6 @@ TEST(HopperGpuRuns, PingPongOffIsBitIdentical) {
   expect_ablation_bit_identical("no_pingpong");
 }
 
-// Whether a tile's first S GEMM waits for its warpgroup's turn changes only when it is issued.
-TEST(HopperGpuRuns, FirstGemmOutsideTheTurnsIsBitIdentical) {
-  SKIP_WITHOUT_HOPPER();
-  expect_ablation_bit_identical("no_first_turn");
-}
-
 // The staged store only changes how O's bytes travel (through shared memory and a TMA store,
 // or straight from the registers); the partial tiles take its clipping at seqlen_q.
 TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {

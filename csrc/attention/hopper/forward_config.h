@@ -110,9 +110,7 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
 // each is worth (SAMATTN_HOPPER_ABLATION, read by the launcher on every call; all at these
 // defaults unless it names them).
 struct ForwardKernelOptions {
-  bool pingpong = true;  // consumer warpgroups take turns issuing their GEMMs
-  // A tile's first S GEMM is issued in a turn too ("no_first_turn": outside the turns, at once).
-  bool first_gemm_in_turn = true;
+  bool pingpong = true;      // consumer warpgroups take turns issuing their GEMMs
   bool exp2_on_fma = true;   // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
   bool staged_store = true;  // O leaves through shared memory by TMA store (two Q buffers)
   // The persistent grid takes its units from a work counter (forward_scheduler.h); off

@@ -61,11 +61,6 @@ __device__ __forceinline__ void consumer_loop(
   // registers instead of taking per-thread ones.
   const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
   const TurnBarrier<Traits::kConsumerWarpgroups> turn{warpgroup, params.options.pingpong};
-  // The first S GEMM of a tile in a turn as well: issued at once, the warpgroups' first GEMMs
-  // share the tensor cores, land together, and their softmaxes then run side by side with the
-  // tensor cores idle; in turns, one warpgroup's softmax overlaps the next one's GEMM.
-  const TurnBarrier<Traits::kConsumerWarpgroups> first_turn{
-      warpgroup, params.options.pingpong && params.options.first_gemm_in_turn};
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
@@ -213,11 +208,10 @@ __device__ __forceinline__ void consumer_loop(
     // it passes those stages on without a GEMM (192-row tiles of 128-key blocks at causal
     // S = 1k: a quarter of the GEMMs). It still waits for each stage to land, so that its
     // release can only complete the phase the stage is in, and it keeps every turn of the tile
-    // (one per block, or per block after the first when the first GEMM takes none), so the
-    // turns of all warpgroups stay in step.
+    // (one per block after the first), so the turns of all warpgroups stay in step.
     const int own_blocks =
         warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
-    const int idle_turns = c.n_blocks - (first_turn.enabled ? own_blocks : max(own_blocks, 1));
+    const int idle_turns = c.n_blocks - max(own_blocks, 1);
     for (int skipped = 0; skipped < c.n_blocks - own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);
       pipeline_k.consumer_release(state);
@@ -236,13 +230,9 @@ __device__ __forceinline__ void consumer_loop(
     } else {
       // The first (last in key order) block: S, softmax, P; no output yet.
       int n_block = own_blocks - 1;
-      first_turn.wait();
       pipeline_k.consumer_wait(state);
-      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-      first_turn.pass();
-      warpgroup_wait<0>();
-      finish_operands(tSrS);
       pipeline_k.consumer_release(state);
       if (n_block == 0 && !stage_o) q_empty.arrive();
       float rescale[2];
