@@ -9,10 +9,12 @@
 // O += P V, the online softmax in registers, ping-pong turns between them, and the output staged in
 // shared memory and stored by TMA (or stored from registers when a Q buffer cannot be spared). Key
 // blocks are walked from the last to the first, as in the sm80 kernel, so the blocks that need
-// masking (the end of the keys, the causal diagonal) come first. With a sliding window a tile walks
-// only the blocks its rows' windows reach, and the block where they start is masked too
-// (forward_traits.cuh's window helpers). A varlen sequence is a dense problem at an offset of the
-// packed tensors (tiles past its end are skipped; its last key block is read past its end and
+// masking (the end of the keys, the causal diagonal) come first; a consumer warpgroup passes on,
+// without a GEMM, the highest blocks that none of its own rows see (past their causal diagonals
+// or window ends, or every block when its rows lie past the sequence's end). With a sliding window
+// a tile walks only the blocks its rows' windows reach, and the block where they start is masked
+// too (forward_traits.cuh's window helpers). A varlen sequence is a dense problem at an offset of
+// the packed tensors (tiles past its end are skipped; its last key block is read past its end and
 // masked; its output leaves from registers). Rows and keys past the tensors' ends are zero-filled
 // by TMA; keys past the end are masked with -inf, rows past the end are never stored (the TMA store
 // clips them).
