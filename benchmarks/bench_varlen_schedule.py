@@ -1,8 +1,9 @@
 """Varlen on the Hopper forward: the persistent grid with its work counter (the default) against
 one block per work unit (SAMATTN_HOPPER_ABLATION=varlen_block_per_unit, what runs while a CUDA
 graph is captured) and the persistent grid's static round robin (static_schedule), next to the
-padded dense call, in alternating rounds in one process. The batch is the masks benchmark's (samattn.bench.masks): random lengths
-64..3071 packed into 16384 tokens, H = 16, D = 128, bf16, causal.
+padded dense call, in alternating rounds in one process. The batch is the masks benchmark's
+(samattn.bench.masks): random lengths 64..3071 packed into 16384 tokens, H = 16, D = 128, bf16,
+causal.
 
     python3 benchmarks/bench_varlen_schedule.py --out $OUT/varlen_schedule.json
 """
