@@ -48,8 +48,8 @@ template <typename Element, int kHeadDim, int kVariant>
 __device__ __forceinline__ void consumer_loop(
     const HopperForwardParams<Element, kHeadDim, kVariant>& params,
     typename KernelTraits<Element, kHeadDim, kVariant>::SharedStorage& shared,
-    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_k,
-    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_v) {
+    typename KernelTraits<Element, kHeadDim, kVariant>::PipelineK& pipeline_k,
+    typename KernelTraits<Element, kHeadDim, kVariant>::PipelineV& pipeline_v) {
   using namespace cute;
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
@@ -69,7 +69,7 @@ __device__ __forceinline__ void consumer_loop(
   auto warpgroup_s = mma_s.get_thread_slice(warpgroup * 128);
   auto warpgroup_o = mma_o.get_thread_slice(warpgroup * 128);
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
   Tensor tSrQ = warpgroup_s.partition_fragment_A(sQ);    // (MMA, 1, K, Q buffer) descriptors
   Tensor tSrK = warpgroup_s.partition_fragment_B(sK);    // (MMA, 1, K, stage)
@@ -124,7 +124,8 @@ __device__ __forceinline__ void consumer_loop(
     }
     stored_q_buffer = -1;
   };
-  typename Traits::PipelineState state;
+  typename Traits::PipelineK::PipelineState state_k;
+  typename Traits::PipelineV::PipelineState state_v;
   int tile_iteration = 0;
   turn.start();
 
@@ -213,11 +214,12 @@ __device__ __forceinline__ void consumer_loop(
         warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
     const int idle_turns = c.n_blocks - max(own_blocks, 1);
     for (int skipped = 0; skipped < c.n_blocks - own_blocks; ++skipped) {
-      pipeline_k.consumer_wait(state);
-      pipeline_k.consumer_release(state);
-      pipeline_v.consumer_wait(state);
-      pipeline_v.consumer_release(state);
-      ++state;
+      pipeline_k.consumer_wait(state_k);
+      pipeline_k.consumer_release(state_k);
+      pipeline_v.consumer_wait(state_v);
+      pipeline_v.consumer_release(state_v);
+      ++state_k;
+      ++state_v;
       if (skipped < idle_turns) {
         turn.wait();
         turn.pass();
@@ -230,10 +232,10 @@ __device__ __forceinline__ void consumer_loop(
     } else {
       // The first (last in key order) block: S, softmax, P; no output yet.
       int n_block = own_blocks - 1;
-      pipeline_k.consumer_wait(state);
+      pipeline_k.consumer_wait(state_k);
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
-          mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-      pipeline_k.consumer_release(state);
+          mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
+      pipeline_k.consumer_release(state_k);
       if (n_block == 0 && !stage_o) q_empty.arrive();
       float rescale[2];
       softmax_block(n_block, rescale);
@@ -243,35 +245,37 @@ __device__ __forceinline__ void consumer_loop(
       // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
       // tensor cores still work on the second GEMM.
       for (--n_block; n_block >= 0; --n_block) {
-        typename Traits::PipelineState next = state;
-        ++next;
+        auto next_k = state_k;
+        ++next_k;
         turn.wait();
-        pipeline_k.consumer_wait(next);
+        pipeline_k.consumer_wait(next_k);
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
-        pipeline_v.consumer_wait(state);
+            mma_s, tSrQ_tile, tSrK(_, _, _, next_k.index()), tSrS, /*zero_init=*/true);
+        pipeline_v.consumer_wait(state_v);
         warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
+            mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO,
             /*zero_init=*/n_block == own_blocks - 2);
         turn.pass();
         warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
         finish_operands(tSrS);
-        pipeline_k.consumer_release(next);
+        pipeline_k.consumer_release(next_k);
         if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
         softmax_block(n_block, rescale);
         warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
         finish_operands(tOrO, tOrP);
-        pipeline_v.consumer_release(state);
+        pipeline_v.consumer_release(state_v);
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
         convert_p();
-        state = next;
+        state_k = next_k;
+        ++state_v;
       }
-      pipeline_v.consumer_wait(state);
+      pipeline_v.consumer_wait(state_v);
       warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
-      pipeline_v.consumer_release(state);
-      ++state;
+          mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO, /*zero_init=*/own_blocks == 1);
+      pipeline_v.consumer_release(state_v);
+      ++state_k;
+      ++state_v;
     }
 
     // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets

@@ -33,7 +33,9 @@ struct KernelTraits {
   static constexpr int kThreads = kTile.threads();
   static constexpr int kBlockM = kTile.block_m();
   static constexpr int kBlockN = kTile.block_n;
-  static constexpr int kStages = kTile.stages;
+  // V's stages; K may have more (ForwardTile::extra_k_stages).
+  static constexpr int kStagesV = kTile.stages;
+  static constexpr int kStagesK = kTile.stages + kTile.extra_k_stages;
   static constexpr int kQBuffers = kTile.q_buffers;
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
@@ -64,22 +66,25 @@ struct KernelTraits {
                                                                    BlockN, HeadDim>());
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtomQ{}, cute::Shape<BlockM, HeadDim, cute::Int<kQBuffers>>{}));
-  using SmemLayoutKV = decltype(cute::tile_to_shape(
-      SmemAtomKV{}, cute::Shape<BlockN, HeadDim, cute::Int<kStages>>{}));
-  // The same bytes as SmemLayoutKV seen as (dim, key, stage): V^T for the second wgmma.
+  template <int kStageCount>
+  using SmemLayoutKVStages = decltype(cute::tile_to_shape(
+      SmemAtomKV{}, cute::Shape<BlockN, HeadDim, cute::Int<kStageCount>>{}));
+  using SmemLayoutK = SmemLayoutKVStages<kStagesK>;
+  using SmemLayoutV = SmemLayoutKVStages<kStagesV>;
+  // The same bytes as SmemLayoutV seen as (dim, key, stage): V^T for the second wgmma.
   using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN, cute::Int<kStages>>{},
-                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+      SmemLayoutV{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN, cute::Int<kStagesV>>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
 
-  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
-  using PipelineState = typename Pipeline::PipelineState;
+  using PipelineK = cutlass::PipelineTmaAsync<kStagesK>;
+  using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
-    typename Pipeline::SharedStorage pipeline_k;
-    typename Pipeline::SharedStorage pipeline_v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
+    typename PipelineK::SharedStorage pipeline_k;
+    typename PipelineV::SharedStorage pipeline_v;
     // Per Q buffer. Full: the copy engine has landed the tile's Q. Empty: every consumer thread
     // is done with the last S GEMM of its tile, so the producer may load a later tile's Q.
     cutlass::arch::ClusterTransactionBarrier barrier_q_full[kQBuffers];
@@ -107,7 +112,7 @@ struct KernelTraits {
                         GmemStride{}),
       SmemLayout{}, Tile{}, cute::_1{}));
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
-  using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutKV{})), cute::Shape<BlockN, HeadDim>>;
+  using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutK{})), cute::Shape<BlockN, HeadDim>>;
 
   // The output leaves by TMA store, one consumer warpgroup's 64 rows at a time, from where that
   // warpgroup staged them: its own rows of the tile's Q buffer. Rows 64 w .. 64 w + 63 of a Q
