@@ -124,6 +124,8 @@ __device__ __forceinline__ void consumer_loop(
     }
     stored_q_buffer = -1;
   };
+  // Lane 0 of the trace is the producer; consumer warpgroup w is lane w + 1.
+  TraceWriter trace(params, warpgroup + 1, tid % 128 == 0);
   typename Traits::PipelineK::PipelineState state_k;
   typename Traits::PipelineV::PipelineState state_v;
   int tile_iteration = 0;
@@ -137,6 +139,7 @@ __device__ __forceinline__ void consumer_loop(
     if (tile.unit < 0) break;
     const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(
         params.geometry, params.schedule.tile(tile.unit, tile.half));
+    trace(TraceEvent::kTileStart, tile_iteration, c.n_blocks);
     // Tile c's sequence (see sequence_geometry: read where needed, not kept).
     auto geometry = [&]() { return sequence_geometry(params.geometry, c.b); };
     const int first_masked_block =
@@ -236,11 +239,13 @@ __device__ __forceinline__ void consumer_loop(
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
       pipeline_k.consumer_release(state_k);
+      trace(TraceEvent::kFirstSLanded, tile_iteration, n_block);
       if (n_block == 0 && !stage_o) q_empty.arrive();
       float rescale[2];
       softmax_block(n_block, rescale);
       convert_p();
       release_stored_q_buffer();
+      trace(TraceEvent::kFirstSoftmaxDone, tile_iteration, n_block);
       // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
       // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
       // tensor cores still work on the second GEMM.
@@ -248,6 +253,7 @@ __device__ __forceinline__ void consumer_loop(
         auto next_k = state_k;
         ++next_k;
         turn.wait();
+        trace(TraceEvent::kTurnTaken, tile_iteration, n_block);
         pipeline_k.consumer_wait(next_k);
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
             mma_s, tSrQ_tile, tSrK(_, _, _, next_k.index()), tSrS, /*zero_init=*/true);
@@ -256,17 +262,22 @@ __device__ __forceinline__ void consumer_loop(
             mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO,
             /*zero_init=*/n_block == own_blocks - 2);
         turn.pass();
+        trace(TraceEvent::kGemmsIssued, tile_iteration, n_block);
         warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
         finish_operands(tSrS);
+        trace(TraceEvent::kSLanded, tile_iteration, n_block);
         pipeline_k.consumer_release(next_k);
         if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
         softmax_block(n_block, rescale);
+        trace(TraceEvent::kSoftmaxDone, tile_iteration, n_block);
         warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
         finish_operands(tOrO, tOrP);
+        trace(TraceEvent::kPVLanded, tile_iteration, n_block);
         pipeline_v.consumer_release(state_v);
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
         convert_p();
+        trace(TraceEvent::kIterationDone, tile_iteration, n_block);
         state_k = next_k;
         ++state_v;
       }
@@ -274,6 +285,7 @@ __device__ __forceinline__ void consumer_loop(
       warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
           mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO, /*zero_init=*/own_blocks == 1);
       pipeline_v.consumer_release(state_v);
+      trace(TraceEvent::kLastPVLanded, tile_iteration, 0);
       ++state_k;
       ++state_v;
     }
@@ -345,6 +357,7 @@ __device__ __forceinline__ void consumer_loop(
         }
       }
     }
+    trace(TraceEvent::kEpilogueDone, tile_iteration, 0);
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.
   if (stored_q_buffer >= 0 && stores_o) tma_store_wait<0>();

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
 
 #include "attention/hopper/forward_kernel.cuh"
 #include "attention/hopper/forward_launch.h"
@@ -51,6 +54,45 @@ auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, 
   return make_tensor(make_gmem_ptr(static_cast<Pointee*>(const_cast<void*>(base))),
                      make_layout(shape, stride));
 }
+
+#if defined(SAMATTN_HOPPER_TRACE)
+// The diagnostic build's timeline (forward_trace.cuh), only while SAMATTN_HOPPER_TRACE_FILE is
+// set: one buffer, grown as needed and cleared before each call, and written after it to that
+// file as a header of int64 (magic, blocks, lanes, capacity, block_m, block_n) and the records.
+inline constexpr int kTraceCapacity = 1 << 14;  // records per lane: 128 key blocks x 16 tiles
+inline ForwardTrace trace_buffer(unsigned blocks, int lanes, cudaStream_t stream) {
+  if (std::getenv("SAMATTN_HOPPER_TRACE_FILE") == nullptr) return ForwardTrace{nullptr, lanes, 0};
+  static unsigned long long* records = nullptr;
+  static size_t allocated = 0;
+  const size_t bytes = size_t{blocks} * lanes * kTraceCapacity * 2 * sizeof(unsigned long long);
+  if (bytes > allocated) {
+    if (records != nullptr) SAMATTN_CUDA_CHECK(cudaFree(records));
+    SAMATTN_CUDA_CHECK(cudaMalloc(&records, bytes));
+    allocated = bytes;
+  }
+  SAMATTN_CUDA_CHECK(cudaMemsetAsync(records, 0, bytes, stream));
+  return ForwardTrace{records, lanes, kTraceCapacity};
+}
+
+inline void write_trace(const ForwardTrace& trace, unsigned blocks, int block_m, int block_n,
+                        cudaStream_t stream) {
+  const char* path = std::getenv("SAMATTN_HOPPER_TRACE_FILE");
+  if (path == nullptr || trace.records == nullptr) return;
+  const size_t words = size_t{blocks} * trace.lanes * trace.capacity * 2;
+  std::vector<unsigned long long> host(words);
+  SAMATTN_CUDA_CHECK(cudaMemcpyAsync(host.data(), trace.records, words * sizeof(host[0]),
+                                     cudaMemcpyDeviceToHost, stream));
+  SAMATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int64_t header[] = {0x53414d5452414345, blocks,  trace.lanes,
+                            trace.capacity,     block_m, block_n};
+  std::FILE* file = std::fopen(path, "wb");
+  SAMATTN_CHECK(file != nullptr, "SAMATTN_HOPPER_TRACE_FILE: cannot open ", path);
+  const bool written = std::fwrite(header, sizeof(header), 1, file) == 1 &&
+                       std::fwrite(host.data(), sizeof(host[0]), words, file) == words;
+  std::fclose(file);
+  SAMATTN_CHECK(written, "SAMATTN_HOPPER_TRACE_FILE: cannot write ", path);
+}
+#endif
 
 }  // namespace detail_launch
 
@@ -115,31 +157,33 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       p.cu_seqlens_k,
       static_cast<int32_t>(p.total_q),
       static_cast<int32_t>(p.total_k)};
-  HopperForwardParams<Element, kHeadDim, kVariant> params{
-      p,
-      geometry,
-      schedule,
-      options,
-      q.shape(),
-      k.shape(),
-      v.shape(),
-      out.shape(),
-      make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
-                    Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{}),
-                    Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutV{}),
-                    Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
-      make_tma_copy(SM90_TMA_STORE{}, out, typename Traits::SmemLayoutOStage{},
-                    Shape<typename Traits::OStageRows, typename Traits::HeadDim>{}, _1{}),
+  HopperForwardParams<Element, kHeadDim, kVariant> params {
+    p, geometry, schedule, options, q.shape(), k.shape(), v.shape(), out.shape(),
+        make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                      Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{}),
+                      Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutV{}),
+                      Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+        make_tma_copy(SM90_TMA_STORE{}, out, typename Traits::SmemLayoutOStage{},
+                      Shape<typename Traits::OStageRows, typename Traits::HeadDim>{}, _1{}),
+#if defined(SAMATTN_HOPPER_TRACE)
+        ForwardTrace{},  // set below, once the grid is known
+#endif
   };
 
   const auto kernel = forward_kernel<Element, kHeadDim, kVariant>;
   // Beyond 48 KiB a block must opt in; supports() has checked the device's limit.
   detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   if (blocks == 0) return;
+#if defined(SAMATTN_HOPPER_TRACE)
+  params.trace = detail_launch::trace_buffer(blocks, 1 + Traits::kConsumerWarpgroups, stream);
+#endif
   kernel<<<blocks, Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
   SAMATTN_CHECK_LAUNCH();
+#if defined(SAMATTN_HOPPER_TRACE)
+  detail_launch::write_trace(params.trace, blocks, Traits::kBlockM, Traits::kBlockN, stream);
+#endif
 }
 
 }  // namespace samattn::hopper

@@ -32,6 +32,7 @@ __device__ __forceinline__ void producer_loop(
   auto state_k = cutlass::make_producer_start_state<typename Traits::PipelineK>();
   auto state_v = cutlass::make_producer_start_state<typename Traits::PipelineV>();
   int tile_iteration = 0;  // counts the tiles published to the consumers
+  TraceWriter trace(params, /*lane=*/0, /*writes=*/true);
   // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase; the buffer
   // must be empty of tile i - kQBuffers before its Q and its published tile are replaced.
   auto acquire_q_buffer = [&]() {
@@ -44,6 +45,7 @@ __device__ __forceinline__ void producer_loop(
     // unit's loads are out.
     shared.barrier_unit_full.wait(taken & 1);
     const int32_t unit = published_tile(shared.scheduled_unit).unit;
+    trace(TraceEvent::kUnitTaken, tile_iteration, 0);
     if (unit >= schedule.units) break;
     const int tiles = schedule.tiles_in(unit);
     for (int half = 0; half < tiles; ++half) {
@@ -76,12 +78,14 @@ __device__ __forceinline__ void producer_loop(
         copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k), 0),
              tKgK(_, c.n_first + n_block), tKsK(_, state_k.index()));
         ++state_k;
+        trace(TraceEvent::kKIssued, tile_iteration, n_block);
       };
       auto load_v = [&](int n_block) {
         pipeline_v.producer_acquire(state_v);
         copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v), 0),
              tVgV(_, c.n_first + n_block), tVsV(_, state_v.index()));
         ++state_v;
+        trace(TraceEvent::kVIssued, tile_iteration, n_block);
       };
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
       int n_block = c.n_blocks - 1;
@@ -91,6 +95,7 @@ __device__ __forceinline__ void producer_loop(
       shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
       copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
            get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
+      trace(TraceEvent::kQIssued, tile_iteration, q_buffer);
       if (n_block >= 0) load_v(n_block);
       for (--n_block; n_block >= 0; --n_block) {
         load_k(n_block);

@@ -14,6 +14,7 @@
 
 #include "attention/hopper/forward_config.h"
 #include "attention/hopper/forward_scheduler.h"
+#include "attention/hopper/forward_trace.cuh"
 #include "attention/kernel_params.h"
 #include "attention/mask_policy.h"
 
@@ -165,6 +166,9 @@ struct HopperForwardParams {
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
+#if defined(SAMATTN_HOPPER_TRACE)
+  ForwardTrace trace;  // forward_trace.cuh: a diagnostic build's timeline
+#endif
 };
 
 // Only warpgroup 0 walks the schedule. Its TMA thread tells the consumers which tile a Q buffer

@@ -1,0 +1,228 @@
+"""Where a Hopper forward tile's time goes: the timeline of a diagnostic build.
+
+Needs a build configured with -DSAMATTN_HOPPER_TRACE=ON (csrc/attention/hopper/forward_trace.cuh):
+its kernel stamps events with the SM's clock and the launcher writes them to
+SAMATTN_HOPPER_TRACE_FILE after each call. This script runs each shape a few times, keeps the
+last call's timeline and prints, per consumer warpgroup, the median cycles of each phase of a tile:
+
+  boundary: last P V landed -> epilogue done -> next tile's Q ready -> first S landed -> first
+            softmax done -> first turn taken
+  loop:     turn wait (previous iteration done -> turn taken), K/V wait + issue (-> GEMMs issued),
+            S wait, softmax, P V wait, rescale + convert; split into the tile's first turn, its
+            middle turns and its last turn
+
+and the tile's total (tile start to the next tile start). Cycles are the SM clock's, so they
+are comparable with each other, not with a clock-locked profile. The trace's own stores cost a
+little: the script also times this build's calls without a trace file (the kernel then skips
+its stores), to compare with a normal build's benchmark.
+
+  python benchmarks/trace_hopper_forward.py --out trace.json
+"""
+import argparse
+import array
+import json
+import os
+import statistics
+import struct
+import tempfile
+from collections import defaultdict
+
+import torch
+
+import samattn
+
+MAGIC = 0x53414D5452414345
+EVENTS = ["", "tile_start", "first_s_landed", "first_softmax_done", "turn_taken", "gemms_issued",
+          "s_landed", "softmax_done", "pv_landed", "iteration_done", "last_pv_landed",
+          "epilogue_done", "unit_taken", "k_issued", "v_issued", "q_issued"]
+# (label, batch, heads, seqlen, head_dim, causal, kv_stride)
+SHAPES = [
+    ("D128 S1k", 16, 16, 1024, 128, False, 1),
+    ("D128 stride4", 4, 16, 4096, 128, False, 4),
+    ("D128 S16k", 1, 16, 16384, 128, False, 1),
+    ("D64 S1k causal", 16, 16, 1024, 64, True, 1),
+]
+
+
+class Trace:
+    """The records of a trace file: lane(block, lane) -> that lane's (clock, code) pairs."""
+
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            magic, self.blocks, self.lanes, self.capacity, self.block_m, self.block_n = (
+                struct.unpack("<6q", f.read(48)))
+            assert magic == MAGIC, "not a samattn Hopper forward trace"
+            self.words = array.array("Q")
+            self.words.frombytes(f.read())
+        assert len(self.words) == self.blocks * self.lanes * self.capacity * 2
+
+    def lane(self, block, lane):
+        first = (block * self.lanes + lane) * self.capacity * 2
+        words = self.words[first:first + 2 * self.capacity]
+        return list(zip(words[0::2], words[1::2]))
+
+
+def decode(records):
+    """One lane's records -> list of (clock, event name, tile, block), in program order."""
+    out = []
+    for clock, code in records:
+        if code == 0:
+            break
+        out.append((clock, EVENTS[code >> 48], (code >> 16) & 0xFFFFFFFF, code & 0xFFFF))
+    return out
+
+
+def phases(events):
+    """Per tile of one consumer lane: the phase durations (cycles) as a list of dicts."""
+    tiles = defaultdict(list)
+    for clock, name, tile, block in events:
+        tiles[tile].append((clock, name, block))
+    result = []
+    order = sorted(tiles)
+    for index, tile in enumerate(order):
+        ev = tiles[tile]
+        first = {}
+        for clock, name, _ in ev:
+            first.setdefault(name, clock)
+        row = {}
+        if "first_s_landed" in first:
+            row["q_ready_to_first_s"] = first["first_s_landed"] - first["tile_start"]
+        if "first_softmax_done" in first and "first_s_landed" in first:
+            row["first_softmax"] = first["first_softmax_done"] - first["first_s_landed"]
+        turns = [i for i, e in enumerate(ev) if e[1] == "turn_taken"]
+        if turns and "first_softmax_done" in first:
+            row["first_turn_wait"] = ev[turns[0]][0] - first["first_softmax_done"]
+        loop = []
+        previous_done = first.get("first_softmax_done")
+        for i in turns:
+            seq = {name: clock for clock, name, _ in ev[i:i + 6]}
+            if not all(k in seq for k in ("turn_taken", "gemms_issued", "s_landed",
+                                          "softmax_done", "pv_landed", "iteration_done")):
+                continue
+            loop.append({
+                "turn_wait": seq["turn_taken"] - previous_done if previous_done else 0,
+                "kv_wait_issue": seq["gemms_issued"] - seq["turn_taken"],
+                "s_wait": seq["s_landed"] - seq["gemms_issued"],
+                "softmax": seq["softmax_done"] - seq["s_landed"],
+                "pv_wait": seq["pv_landed"] - seq["softmax_done"],
+                "rescale_convert": seq["iteration_done"] - seq["pv_landed"],
+            })
+            previous_done = seq["iteration_done"]
+        row["loop"] = loop
+        if "last_pv_landed" in first and previous_done is not None:
+            row["last_pv_wait"] = first["last_pv_landed"] - previous_done
+        if "epilogue_done" in first and "last_pv_landed" in first:
+            row["epilogue"] = first["epilogue_done"] - first["last_pv_landed"]
+        if index + 1 < len(order):
+            nxt = tiles[order[index + 1]]
+            start_next = next(c for c, n, _ in nxt if n == "tile_start")
+            row["tile_total"] = start_next - first["tile_start"]
+            if "epilogue_done" in first:
+                row["wait_next_q"] = start_next - first["epilogue_done"]
+        row["key_blocks"] = next(b for c, n, b in ev if n == "tile_start")
+        result.append(row)
+    return result
+
+
+def median(values):
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def summarise(trace):
+    """Median cycles per phase and consumer warpgroup over every block's tiles."""
+    summary = {}
+    for lane in range(1, trace.lanes):
+        rows = []
+        for block in range(trace.blocks):
+            rows.extend(phases(decode(trace.lane(block, lane))))
+        entry = {"tiles": len(rows)}
+        for key in ("q_ready_to_first_s", "first_softmax", "first_turn_wait", "last_pv_wait",
+                    "epilogue", "wait_next_q", "tile_total", "key_blocks"):
+            entry[key] = median([r[key] for r in rows if key in r])
+        for part, pick in (("first_turn", lambda lp: lp[:1]), ("middle_turns", lambda lp: lp[1:-1]),
+                           ("last_turn", lambda lp: lp[-1:])):
+            turns = [t for r in rows for t in pick(r["loop"])]
+            entry[part] = {k: median([t[k] for t in turns])
+                           for k in ("turn_wait", "kv_wait_issue", "s_wait", "softmax", "pv_wait",
+                                     "rescale_convert")}
+            entry[part]["count"] = len(turns)
+        summary[f"warpgroup{lane - 1}"] = entry
+    return summary
+
+
+def producer_lead(trace):
+    """Median cycles between a K's copy being issued and the first consumer turn that uses it."""
+    leads = []
+    for block in range(trace.blocks):
+        issued = {}
+        for clock, name, tile, key_block in decode(trace.lane(block, 0)):
+            if name == "k_issued":
+                issued.setdefault((tile, key_block), clock)
+        for clock, name, tile, key_block in decode(trace.lane(block, 1)):
+            if name == "turn_taken" and (tile, key_block) in issued:
+                leads.append(clock - issued[(tile, key_block)])
+    return median(leads)
+
+
+def run_shape(label, batch, heads, seqlen, head_dim, causal, stride, path):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16,
+                           generator=gen) for _ in range(3))
+    def call():
+        samattn.attention(q, k, v, causal=causal, kv_stride=stride, backend="hopper")
+
+    # Untraced calls of this build first (no file: the kernel skips its stores), then one traced.
+    os.environ.pop("SAMATTN_HOPPER_TRACE_FILE", None)
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    os.environ["SAMATTN_HOPPER_TRACE_FILE"] = path
+    call()
+    torch.cuda.synchronize()
+    os.environ.pop("SAMATTN_HOPPER_TRACE_FILE", None)
+    trace = Trace(path)
+    return {
+        "label": label, "block_m": trace.block_m, "block_n": trace.block_n,
+        "untraced_call_ms_median": median(times),
+        "producer_k_lead_cycles": producer_lead(trace),
+        "warpgroups": summarise(trace),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="hopper_forward_trace.json")
+    args = parser.parse_args()
+    path = os.path.join(tempfile.mkdtemp(), "trace.bin")
+    results = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SAMATTN_COMMIT", ""),
+               "shapes": []}
+    for shape in SHAPES:
+        result = run_shape(*shape, path)
+        results["shapes"].append(result)
+        print(f"== {result['label']} (tile {result['block_m']} x {result['block_n']}; untraced "
+              f"call {result['untraced_call_ms_median']:.3f} ms; producer K lead "
+              f"{result['producer_k_lead_cycles']:.0f} cycles)")
+        for name, entry in result["warpgroups"].items():
+            print(f"  {name}: {entry['tiles']} tiles, median tile {entry['tile_total']:.0f} cycles "
+                  f"over {entry['key_blocks']:.0f} key blocks")
+            print("    boundary: " + ", ".join(
+                f"{k} {entry[k]:.0f}" for k in ("last_pv_wait", "epilogue", "wait_next_q",
+                                                "q_ready_to_first_s", "first_softmax",
+                                                "first_turn_wait")))
+            for part in ("first_turn", "middle_turns", "last_turn"):
+                turn = entry[part]
+                print(f"    {part} ({turn['count']}): " + ", ".join(
+                    f"{k} {v:.0f}" for k, v in turn.items() if k != "count"))
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
