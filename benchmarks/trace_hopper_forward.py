@@ -34,7 +34,8 @@ import samattn
 MAGIC = 0x53414D5452414345
 EVENTS = ["", "tile_start", "first_s_landed", "first_softmax_done", "turn_taken", "gemms_issued",
           "s_landed", "softmax_done", "pv_landed", "iteration_done", "last_pv_landed",
-          "epilogue_done", "unit_taken", "k_issued", "v_issued", "q_issued"]
+          "epilogue_done", "unit_taken", "k_issued", "v_issued", "q_issued", "q_landed",
+          "first_k_landed", "store_released", "o_staged", "o_stage_synced", "o_store_issued"]
 # (label, batch, heads, seqlen, head_dim, causal, kv_stride)
 SHAPES = [
     ("D128 S1k", 16, 16, 1024, 128, False, 1),
@@ -113,15 +114,36 @@ def phases(events):
             row["last_pv_wait"] = first["last_pv_landed"] - previous_done
         if "epilogue_done" in first and "last_pv_landed" in first:
             row["epilogue"] = first["epilogue_done"] - first["last_pv_landed"]
+        # Sub-phases: (name, from event, to event), each within this tile.
+        for key, begin, end in (("q_landed_to_tile_start", "q_landed", "tile_start"),
+                                ("tile_start_to_first_k", "tile_start", "first_k_landed"),
+                                ("first_k_to_first_s", "first_k_landed", "first_s_landed"),
+                                ("store_release", "first_softmax_done", "store_released"),
+                                ("o_normalise_stage", "last_pv_landed", "o_staged"),
+                                ("o_fence_sync", "o_staged", "o_stage_synced"),
+                                ("o_store_issue", "o_stage_synced", "o_store_issued"),
+                                ("o_issue_to_epilogue_done", "o_store_issued", "epilogue_done")):
+            if begin in first and end in first:
+                row[key] = first[end] - first[begin]
         if index + 1 < len(order):
             nxt = tiles[order[index + 1]]
             start_next = next(c for c, n, _ in nxt if n == "tile_start")
             row["tile_total"] = start_next - first["tile_start"]
             if "epilogue_done" in first:
                 row["wait_next_q"] = start_next - first["epilogue_done"]
+                q_next = next((c for c, n, _ in nxt if n == "q_landed"), None)
+                if q_next is not None:
+                    row["epilogue_done_to_q_landed"] = q_next - first["epilogue_done"]
         row["key_blocks"] = next(b for c, n, b in ev if n == "tile_start")
         result.append(row)
     return result
+
+
+SCALAR_PHASES = ("q_ready_to_first_s", "first_softmax", "first_turn_wait", "last_pv_wait",
+                 "epilogue", "wait_next_q", "tile_total", "key_blocks", "q_landed_to_tile_start",
+                 "tile_start_to_first_k", "first_k_to_first_s", "store_release",
+                 "o_normalise_stage", "o_fence_sync", "o_store_issue", "o_issue_to_epilogue_done",
+                 "epilogue_done_to_q_landed")
 
 
 def median(values):
@@ -136,8 +158,7 @@ def summarise(trace):
         for block in range(trace.blocks):
             rows.extend(phases(decode(trace.lane(block, lane))))
         entry = {"tiles": len(rows)}
-        for key in ("q_ready_to_first_s", "first_softmax", "first_turn_wait", "last_pv_wait",
-                    "epilogue", "wait_next_q", "tile_total", "key_blocks"):
+        for key in SCALAR_PHASES:
             entry[key] = median([r[key] for r in rows if key in r])
         for part, pick in (("first_turn", lambda lp: lp[:1]), ("middle_turns", lambda lp: lp[1:-1]),
                            ("last_turn", lambda lp: lp[-1:])):
@@ -162,6 +183,30 @@ def producer_lead(trace):
             if name == "turn_taken" and (tile, key_block) in issued:
                 leads.append(clock - issued[(tile, key_block)])
     return median(leads)
+
+
+def producer_timing(trace):
+    """Median cycles: the unit's arrival after the previous tile's last V copy, and the first
+    consumer warpgroup's return from its wait for a Q after that Q's copy was issued."""
+    unit_after_last_v, q_lead = [], []
+    for block in range(trace.blocks):
+        last_v, q_issued = {}, {}
+        unit_taken = []
+        for clock, name, tile, _ in decode(trace.lane(block, 0)):
+            if name == "v_issued":
+                last_v[tile] = clock
+            elif name == "unit_taken":
+                unit_taken.append((tile, clock))
+            elif name == "q_issued":
+                q_issued[tile] = clock
+        for tile, clock in unit_taken:
+            if tile - 1 in last_v:
+                unit_after_last_v.append(clock - last_v[tile - 1])
+        for clock, name, tile, _ in decode(trace.lane(block, 1)):
+            if name == "q_landed" and tile in q_issued:
+                q_lead.append(clock - q_issued[tile])
+    return {"unit_after_previous_last_v": median(unit_after_last_v),
+            "q_issue_to_consumer_q_landed": median(q_lead)}
 
 
 def run_shape(label, batch, heads, seqlen, head_dim, causal, stride, path):
@@ -192,6 +237,7 @@ def run_shape(label, batch, heads, seqlen, head_dim, causal, stride, path):
         "label": label, "block_m": trace.block_m, "block_n": trace.block_n,
         "untraced_call_ms_median": median(times),
         "producer_k_lead_cycles": producer_lead(trace),
+        "producer": producer_timing(trace),
         "warpgroups": summarise(trace),
     }
 
@@ -208,7 +254,8 @@ def main():
         results["shapes"].append(result)
         print(f"== {result['label']} (tile {result['block_m']} x {result['block_n']}; untraced "
               f"call {result['untraced_call_ms_median']:.3f} ms; producer K lead "
-              f"{result['producer_k_lead_cycles']:.0f} cycles)")
+              f"{result['producer_k_lead_cycles']:.0f} cycles; "
+              + ", ".join(f"{k} {v:.0f}" for k, v in result["producer"].items()) + ")")
         for name, entry in result["warpgroups"].items():
             print(f"  {name}: {entry['tiles']} tiles, median tile {entry['tile_total']:.0f} cycles "
                   f"over {entry['key_blocks']:.0f} key blocks")
@@ -216,6 +263,7 @@ def main():
                 f"{k} {entry[k]:.0f}" for k in ("last_pv_wait", "epilogue", "wait_next_q",
                                                 "q_ready_to_first_s", "first_softmax",
                                                 "first_turn_wait")))
+            print("    inside: " + ", ".join(f"{k} {entry[k]:.0f}" for k in SCALAR_PHASES[8:]))
             for part in ("first_turn", "middle_turns", "last_turn"):
                 turn = entry[part]
                 print(f"    {part} ({turn['count']}): " + ", ".join(

@@ -135,6 +135,7 @@ __device__ __forceinline__ void consumer_loop(
   for (;; ++tile_iteration) {
     const int q_buffer = tile_iteration % Traits::kQBuffers;
     shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
+    trace(TraceEvent::kQLanded, tile_iteration, q_buffer);
     const ScheduledTile tile = published_tile(shared.q_tile[q_buffer]);
     if (tile.unit < 0) break;
     const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(
@@ -236,6 +237,7 @@ __device__ __forceinline__ void consumer_loop(
       // The first (last in key order) block: S, softmax, P; no output yet.
       int n_block = own_blocks - 1;
       pipeline_k.consumer_wait(state_k);
+      trace(TraceEvent::kFirstKLanded, tile_iteration, n_block);
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
       pipeline_k.consumer_release(state_k);
@@ -244,8 +246,9 @@ __device__ __forceinline__ void consumer_loop(
       float rescale[2];
       softmax_block(n_block, rescale);
       convert_p();
-      release_stored_q_buffer();
       trace(TraceEvent::kFirstSoftmaxDone, tile_iteration, n_block);
+      release_stored_q_buffer();
+      trace(TraceEvent::kStoreReleased, tile_iteration, n_block);
       // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
       // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
       // tensor cores still work on the second GEMM.
@@ -314,9 +317,11 @@ __device__ __forceinline__ void consumer_loop(
       for (int i = 0; i < size(tOrO); i += 2) {
         *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
       }
+      trace(TraceEvent::kOStaged, tile_iteration, 0);
       // Every thread's writes, before the copy engine (the async proxy) reads them.
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(stage_o_barrier, 128);
+      trace(TraceEvent::kOStageSynced, tile_iteration, 0);
       if (stores_o) {
         using Rows = typename Traits::OStageRows;
         Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
@@ -335,6 +340,7 @@ __device__ __forceinline__ void consumer_loop(
         q_empty.arrive();
       }
       stored_q_buffer = q_buffer;
+      trace(TraceEvent::kOStoreIssued, tile_iteration, 0);
     } else {
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 2) {

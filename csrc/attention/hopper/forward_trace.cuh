@@ -30,6 +30,13 @@ enum class TraceEvent : uint32_t {
   kKIssued,    // a K stage was free and its copy is issued (block: the key block)
   kVIssued,    // the same for V
   kQIssued,    // a Q buffer was free and its copy is issued
+  // Consumer warpgroup, inside the phases above.
+  kQLanded,        // the wait for the next tile's Q (and its published tile) returned
+  kFirstKLanded,   // the wait for the tile's first K returned
+  kStoreReleased,  // the previous tile's staged output is read (its Q buffer released)
+  kOStaged,        // the normalised O is in shared memory (this thread's part)
+  kOStageSynced,   // the proxy fence and the warpgroup's named barrier are done
+  kOStoreIssued,   // the TMA store of O is issued
 };
 
 // The device buffer: for each block and lane, `capacity` records of two words (clock64, then
