@@ -127,7 +127,13 @@ __device__ __forceinline__ void consumer_loop(
   // Lane 0 of the trace is the producer; consumer warpgroup w is lane w + 1.
   TraceWriter trace(params, warpgroup + 1, tid % 128 == 0);
   typename Traits::PipelineK::PipelineState state_k;
-  typename Traits::PipelineV::PipelineState state_v;
+  typename Traits::PipelineV::PipelineState state_v_own;
+  auto& state_v = ring_state_v<Traits::kOneRingState>(state_k, state_v_own);
+  // Both rings one block on.
+  auto advance_rings = [&]() {
+    ++state_k;
+    if constexpr (!Traits::kOneRingState) ++state_v;
+  };
   int tile_iteration = 0;
   turn.start();
 
@@ -222,8 +228,7 @@ __device__ __forceinline__ void consumer_loop(
       pipeline_k.consumer_release(state_k);
       pipeline_v.consumer_wait(state_v);
       pipeline_v.consumer_release(state_v);
-      ++state_k;
-      ++state_v;
+      advance_rings();
       if (skipped < idle_turns) {
         turn.wait();
         turn.pass();
@@ -282,15 +287,14 @@ __device__ __forceinline__ void consumer_loop(
         convert_p();
         trace(TraceEvent::kIterationDone, tile_iteration, n_block);
         state_k = next_k;
-        ++state_v;
+        if constexpr (!Traits::kOneRingState) ++state_v;
       }
       pipeline_v.consumer_wait(state_v);
       warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
           mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO, /*zero_init=*/own_blocks == 1);
       pipeline_v.consumer_release(state_v);
       trace(TraceEvent::kLastPVLanded, tile_iteration, 0);
-      ++state_k;
-      ++state_v;
+      advance_rings();
     }
 
     // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
@@ -313,10 +317,16 @@ __device__ __forceinline__ void consumer_loop(
     };
     if (stage_o) {
       Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
+      // stmatrix: one instruction stores four 8 x 8 blocks of the accumulator layout, a quarter of
+      // the stores of 4-byte pairs and without their per-pair swizzled addresses (the trace of
+      // 62368ba: 1.6-1.9k cycles from the last P V to the staged O at head dim 128).
+      Tensor tOrO_out = make_tensor_like<Element>(tOrO);
+      uint32_t* out_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrO_out.data()));
       CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); i += 2) {
-        *reinterpret_cast<uint32_t*>(&sO(get<0>(tOcO(i)), get<1>(tOcO(i)))) = output_pair(i);
-      }
+      for (int i = 0; i < size(tOrO); i += 2) out_pairs[i / 2] = output_pair(i);
+      auto stage_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
+      auto thread_stage_copy = stage_copy.get_thread_slice(tid);
+      copy(stage_copy, thread_stage_copy.retile_S(tOrO_out), thread_stage_copy.partition_D(sO));
       trace(TraceEvent::kOStaged, tile_iteration, 0);
       // Every thread's writes, before the copy engine (the async proxy) reads them.
       cutlass::arch::fence_view_async_shared();

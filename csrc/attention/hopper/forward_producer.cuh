@@ -30,7 +30,8 @@ __device__ __forceinline__ void producer_loop(
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutV{});
 
   auto state_k = cutlass::make_producer_start_state<typename Traits::PipelineK>();
-  auto state_v = cutlass::make_producer_start_state<typename Traits::PipelineV>();
+  auto state_v_own = cutlass::make_producer_start_state<typename Traits::PipelineV>();
+  auto& state_v = ring_state_v<Traits::kOneRingState>(state_k, state_v_own);
   int tile_iteration = 0;  // counts the tiles published to the consumers
   TraceWriter trace(params, /*lane=*/0, /*writes=*/true);
   // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase; the buffer
@@ -77,7 +78,7 @@ __device__ __forceinline__ void producer_loop(
         pipeline_k.producer_acquire(state_k);
         copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k), 0),
              tKgK(_, c.n_first + n_block), tKsK(_, state_k.index()));
-        ++state_k;
+        if constexpr (!Traits::kOneRingState) ++state_k;  // else load_v advances the one state
         trace(TraceEvent::kKIssued, tile_iteration, n_block);
       };
       auto load_v = [&](int n_block) {

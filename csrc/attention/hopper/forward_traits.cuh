@@ -79,6 +79,9 @@ struct KernelTraits {
 
   using PipelineK = cutlass::PipelineTmaAsync<kStagesK>;
   using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
+  // Rings of one depth walk one state (ring_state_v): a second one cost registers (head dim 64's
+  // three consumer warpgroups spilled 8 bytes).
+  static constexpr bool kOneRingState = kStagesK == kStagesV;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
@@ -170,6 +173,17 @@ struct HopperForwardParams {
   ForwardTrace trace;  // forward_trace.cuh: a diagnostic build's timeline
 #endif
 };
+
+// The V ring's state: the K ring's own where both rings have one depth (KernelTraits::
+// kOneRingState; then only the V side advances it), else its own.
+template <bool kOneRingState, typename StateK, typename StateV>
+__device__ __forceinline__ auto& ring_state_v(StateK& state_k, StateV& state_v) {
+  if constexpr (kOneRingState) {
+    return state_k;
+  } else {
+    return state_v;
+  }
+}
 
 // Only warpgroup 0 walks the schedule. Its TMA thread tells the consumers which tile a Q buffer
 // holds (as its unit and half, which its loop has live anyway: the tile's coordinates would take
