@@ -52,10 +52,12 @@ class Trace:
         with open(path, "rb") as f:
             magic, self.blocks, self.lanes, self.capacity, self.block_m, self.block_n = (
                 struct.unpack("<6q", f.read(48)))
-            assert magic == MAGIC, "not a samattn Hopper forward trace"
+            if magic != MAGIC:
+                raise ValueError(f"{path}: not a samattn Hopper forward trace")
             self.words = array.array("Q")
             self.words.frombytes(f.read())
-        assert len(self.words) == self.blocks * self.lanes * self.capacity * 2
+        if len(self.words) != self.blocks * self.lanes * self.capacity * 2:
+            raise ValueError(f"{path}: {len(self.words)} words, not what its header says")
 
     def lane(self, block, lane):
         first = (block * self.lanes + lane) * self.capacity * 2
