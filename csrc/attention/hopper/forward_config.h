@@ -72,7 +72,8 @@ struct ForwardTile {
 // waits until both warpgroups' first S GEMMs of that tile have landed, one TMA latency before
 // the first warpgroup needs it. (A third stage of both K and V fits only with one Q buffer, which
 // then holds back the next tile's Q and the staged output: 0.84x cuDNN at S = 1k against the
-// default's 0.90x, dc0a3fb.)
+// default's 0.90x, dc0a3fb.) Measured (afad760): 0.99-1.00x the default at S <= 2k and slower on
+// the kv_stride = 4 case; the tile timeline showed that K lands in time (benchmarks/NOTES.md).
 // Producer registers: 40 (consumers 232) where the consumers fit that without spilling, else 24
 // (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
 // the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
