@@ -34,6 +34,12 @@ struct ForwardTile {
   // K stages beyond V's `stages`: at a tile boundary the next tile's S = Q K^T GEMMs need their K
   // before the current tile's last P V GEMMs have freed a V stage.
   int extra_k_stages = 0;
+  // A lean start of each tile: the producer, which decodes every tile for its copies, publishes
+  // the decoded coordinates next to the Q buffer (the consumers decoded them again after their
+  // Q wait: ~700 cycles at head dim 128), and each consumer warpgroup issues the tile's first
+  // S GEMM before it finds its masked-block bounds (~600-750 cycles), which then run under the
+  // GEMM (the tile timeline of benchmarks/NOTES.md, stop 19).
+  bool lean_tile_start = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -66,8 +72,9 @@ struct ForwardTile {
 // of 240 registers): a third fewer key-block boundaries per tile. Both with every exponential
 // on the MUFU: in the first H200 run exp2 on the FMA pipe cost 3-6% at most D = 64 shapes (the
 // issue slots, not the MUFU, are the limit there).
-// Head dim 128: [1] 128 x 176 tiles, one Q buffer (32 + 2 x 88 KiB = 208 KiB; S 88 + P 44 + O 64
-// registers): 6 key blocks instead of 8 at 1k keys, a quarter fewer per-block overheads; [2] the
+// Head dim 128: [1] the default with a lean tile start (ForwardTile::lean_tile_start; until stop
+// 19 this entry was 128 x 176 tiles with one Q buffer, 0.71-0.80x cuDNN at S <= 1k against the
+// default's 0.87-0.90x and never ahead of it in the runs of NOTES.md); [2] the
 // default with a third K stage (64 + 96 + 64 = 224 KiB): with two, the next tile's third K
 // waits until both warpgroups' first S GEMMs of that tile have landed, one TMA latency before
 // the first warpgroup needs it. (A third stage of both K and V fits only with one Q buffer, which
@@ -80,7 +87,7 @@ struct ForwardTile {
 inline constexpr ForwardTile kTiles64[] = {
     {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {2, 192, 3, 2, 0, 24}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 0, 40}, {2, 176, 2, 1, 0, 24}, {2, 128, 2, 2, 0, 40, 1}};
+    {2, 128, 2, 2, 0, 40}, {2, 128, 2, 2, 0, 40, 0, true}, {2, 128, 2, 2, 0, 40, 1}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at

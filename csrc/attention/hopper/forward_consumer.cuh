@@ -53,6 +53,7 @@ __device__ __forceinline__ void consumer_loop(
   using namespace cute;
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
+  constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -144,15 +145,27 @@ __device__ __forceinline__ void consumer_loop(
     trace(TraceEvent::kQLanded, tile_iteration, q_buffer);
     const ScheduledTile tile = published_tile(shared.q_tile[q_buffer]);
     if (tile.unit < 0) break;
-    const TileCoords c = tile_coords<Traits::kBlockM, kBlockN>(
-        params.geometry, params.schedule.tile(tile.unit, tile.half));
+    const TileCoords c = [&]() {
+      if constexpr (kLeanTileStart) {
+        return published_coords(shared.q_tile_coords[q_buffer]);
+      } else {
+        return tile_coords<Traits::kBlockM, kBlockN>(params.geometry,
+                                                     params.schedule.tile(tile.unit, tile.half));
+      }
+    }();
     trace(TraceEvent::kTileStart, tile_iteration, c.n_blocks);
     // Tile c's sequence (see sequence_geometry: read where needed, not kept).
     auto geometry = [&]() { return sequence_geometry(params.geometry, c.b); };
-    const int first_masked_block =
-        first_masked_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row);
-    const int first_unclipped_block =
-        first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
+    // The key blocks whose scores need masking: from first_masked_block up, and below
+    // first_unclipped_block (found under the tile's first GEMM with a lean tile start).
+    int first_masked_block = 0, first_unclipped_block = 0;
+    auto find_masked_blocks = [&]() {
+      first_masked_block =
+          first_masked_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row);
+      first_unclipped_block =
+          first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
+    };
+    if constexpr (!kLeanTileStart) find_masked_blocks();
 
     // Scores of key block n_block (counted from c.n_first, in tSrS) -> probabilities; rescale
     // as in RowSoftmax.
@@ -243,8 +256,16 @@ __device__ __forceinline__ void consumer_loop(
       int n_block = own_blocks - 1;
       pipeline_k.consumer_wait(state_k);
       trace(TraceEvent::kFirstKLanded, tile_iteration, n_block);
-      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
-          mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
+      if constexpr (kLeanTileStart) {
+        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+            mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
+        find_masked_blocks();
+        warpgroup_wait<0>();
+        finish_operands(tSrS);
+      } else {
+        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
+            mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
+      }
       pipeline_k.consumer_release(state_k);
       trace(TraceEvent::kFirstSLanded, tile_iteration, n_block);
       if (n_block == 0 && !stage_o) q_empty.arrive();

@@ -24,6 +24,12 @@ namespace samattn::hopper {
 using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
+// A tile's coordinates as the producer decoded them (ForwardTile::lean_tile_start): 12 words,
+// so that three 16-byte shared-memory accesses carry them (publish_coords).
+struct alignas(16) TileCoordsSlot {
+  int32_t words[12];
+};
+
 // kVariant: the entry of forward_config.h's tile table for kHeadDim.
 template <typename Element, int kHeadDim, int kVariant>
 struct KernelTraits {
@@ -100,6 +106,9 @@ struct KernelTraits {
     ScheduledTile scheduled_unit;
     cutlass::arch::ClusterBarrier barrier_unit_full;
     cutlass::arch::ClusterBarrier barrier_unit_empty;
+    // With a lean tile start, the coordinates of the tile in each Q buffer (last, so that the
+    // other members keep their offsets in every tile).
+    TileCoordsSlot q_tile_coords[kQBuffers];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
@@ -219,6 +228,37 @@ struct TileCoords {
   int32_t n_first;   // the first key block any row sees (0 without a window)
   int32_t n_blocks;  // key blocks n_first, n_first + 1, ...: walked from the last to the first
 };
+
+static_assert(sizeof(TileCoords) <= sizeof(TileCoordsSlot), "TileCoordsSlot holds TileCoords");
+
+// A lean tile start's coordinates, published and read like publish_tile's unit (same barrier,
+// same memory clobbers), as 16-byte words.
+__device__ __forceinline__ void publish_coords(TileCoordsSlot& slot, const TileCoords& c) {
+  int32_t w[12] = {};
+  memcpy(w, &c, sizeof(c));
+  const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
+  CUTE_UNROLL
+  for (int i = 0; i < 12; i += 4) {
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(address + 4 * i), "r"(w[i]),
+                 "r"(w[i + 1]), "r"(w[i + 2]), "r"(w[i + 3])
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ TileCoords published_coords(const TileCoordsSlot& slot) {
+  int32_t w[12];
+  const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
+  CUTE_UNROLL
+  for (int i = 0; i < 12; i += 4) {
+    asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
+                 : "r"(address + 4 * i)
+                 : "memory");
+  }
+  TileCoords c;
+  memcpy(&c, w, sizeof(c));
+  return c;
+}
 
 // Where sequence b lives: its first q/out and k/v rows and its lengths. A dense batch: 0, 0 and
 // the call's lengths. Varlen: from cu_seqlens, clamped as the tensor-core kernels clamp them.
