@@ -107,7 +107,7 @@ TILE_LEGEND = {
     64: ("128x128 3 stages 2 Q", "192x128 (3 consumer warpgroups) 3 stages 2 Q",
          "128x192 3 stages 2 Q"),
     128: ("128x128 2 stages 2 Q", "128x128 2 stages 2 Q, lean tile start",
-          "128x128 2 stages + a third K stage 2 Q"),
+          "128x128 3 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}

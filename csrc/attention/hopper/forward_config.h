@@ -31,9 +31,6 @@ struct ForwardTile {
   // setmaxnreg target of the producer warpgroup (its TMA-issuing thread and the scheduler
   // thread); the consumers share the rest of the pool (consumer_registers).
   int producer_registers;
-  // K stages beyond V's `stages`: at a tile boundary the next tile's S = Q K^T GEMMs need their K
-  // before the current tile's last P V GEMMs have freed a V stage.
-  int extra_k_stages = 0;
   // A lean start of each tile: the producer, which decodes every tile for its copies, publishes
   // the decoded coordinates next to the Q buffer (the consumers decoded them again after their
   // Q wait: ~700 cycles at head dim 128), and each consumer warpgroup issues the tile's first
@@ -74,20 +71,17 @@ struct ForwardTile {
 // issue slots, not the MUFU, are the limit there).
 // Head dim 128: [1] the default with a lean tile start (ForwardTile::lean_tile_start; until stop
 // 19 this entry was 128 x 176 tiles with one Q buffer, 0.71-0.80x cuDNN at S <= 1k against the
-// default's 0.87-0.90x and never ahead of it in the runs of NOTES.md); [2] the
-// default with a third K stage (64 + 96 + 64 = 224 KiB): with two, the next tile's third K
-// waits until both warpgroups' first S GEMMs of that tile have landed, one TMA latency before
-// the first warpgroup needs it. (A third stage of both K and V fits only with one Q buffer, which
-// then holds back the next tile's Q and the staged output: 0.84x cuDNN at S = 1k against the
-// default's 0.90x, dc0a3fb.) Measured (afad760): 0.99-1.00x the default at S <= 2k and slower on
-// the kv_stride = 4 case; the tile timeline showed that K lands in time (benchmarks/NOTES.md).
+// default's 0.87-0.90x and never ahead of it in the runs of NOTES.md); [2] 3 stages of 128 x 128
+// K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third
+// stage of K alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower
+// on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time.)
 // Producer registers: 40 (consumers 232) where the consumers fit that without spilling, else 24
 // (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
 // the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
 inline constexpr ForwardTile kTiles64[] = {
     {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {2, 192, 3, 2, 0, 24}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 0, 40}, {2, 128, 2, 2, 0, 40, 0, true}, {2, 128, 2, 2, 0, 40, 1}};
+    {2, 128, 2, 2, 0, 40}, {2, 128, 2, 2, 0, 40, true}, {2, 128, 3, 1, 0, 40}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at
@@ -138,13 +132,12 @@ struct ForwardKernelOptions {
   bool varlen_block_per_unit = false;
 };
 
-// Q tiles + stages x (K tile + V tile) + the extra K tiles, plus a little for the mbarriers
-// (checked against the kernel's SharedStorage by a static_assert in forward_traits.cuh).
+// Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the
+// kernel's SharedStorage by a static_assert in forward_traits.cuh).
 inline constexpr int kBarrierBytes = 1024;
 constexpr int forward_smem_bytes(const ForwardTile& tile, int64_t head_dim, int element_bytes) {
-  const int64_t elements =
-      int64_t{tile.q_buffers} * tile.block_m() * head_dim +
-      (2 * int64_t{tile.stages} + tile.extra_k_stages) * tile.block_n * head_dim;
+  const int64_t elements = int64_t{tile.q_buffers} * tile.block_m() * head_dim +
+                           2 * int64_t{tile.stages} * tile.block_n * head_dim;
   return static_cast<int>(elements * element_bytes) + kBarrierBytes;
 }
 

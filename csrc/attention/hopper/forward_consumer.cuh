@@ -48,8 +48,8 @@ template <typename Element, int kHeadDim, int kVariant>
 __device__ __forceinline__ void consumer_loop(
     const HopperForwardParams<Element, kHeadDim, kVariant>& params,
     typename KernelTraits<Element, kHeadDim, kVariant>::SharedStorage& shared,
-    typename KernelTraits<Element, kHeadDim, kVariant>::PipelineK& pipeline_k,
-    typename KernelTraits<Element, kHeadDim, kVariant>::PipelineV& pipeline_v) {
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_k,
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_v) {
   using namespace cute;
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
@@ -70,7 +70,7 @@ __device__ __forceinline__ void consumer_loop(
   auto warpgroup_s = mma_s.get_thread_slice(warpgroup * 128);
   auto warpgroup_o = mma_o.get_thread_slice(warpgroup * 128);
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
   Tensor tSrQ = warpgroup_s.partition_fragment_A(sQ);    // (MMA, 1, K, Q buffer) descriptors
   Tensor tSrK = warpgroup_s.partition_fragment_B(sK);    // (MMA, 1, K, stage)
@@ -127,14 +127,7 @@ __device__ __forceinline__ void consumer_loop(
   };
   // Lane 0 of the trace is the producer; consumer warpgroup w is lane w + 1.
   TraceWriter trace(params, warpgroup + 1, tid % 128 == 0);
-  typename Traits::PipelineK::PipelineState state_k;
-  typename Traits::PipelineV::PipelineState state_v_own;
-  auto& state_v = ring_state_v<Traits::kOneRingState>(state_k, state_v_own);
-  // Both rings one block on.
-  auto advance_rings = [&]() {
-    ++state_k;
-    if constexpr (!Traits::kOneRingState) ++state_v;
-  };
+  typename Traits::PipelineState state;
   int tile_iteration = 0;
   turn.start();
 
@@ -237,11 +230,11 @@ __device__ __forceinline__ void consumer_loop(
         warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
     const int idle_turns = c.n_blocks - max(own_blocks, 1);
     for (int skipped = 0; skipped < c.n_blocks - own_blocks; ++skipped) {
-      pipeline_k.consumer_wait(state_k);
-      pipeline_k.consumer_release(state_k);
-      pipeline_v.consumer_wait(state_v);
-      pipeline_v.consumer_release(state_v);
-      advance_rings();
+      pipeline_k.consumer_wait(state);
+      pipeline_k.consumer_release(state);
+      pipeline_v.consumer_wait(state);
+      pipeline_v.consumer_release(state);
+      ++state;
       if (skipped < idle_turns) {
         turn.wait();
         turn.pass();
@@ -254,19 +247,19 @@ __device__ __forceinline__ void consumer_loop(
     } else {
       // The first (last in key order) block: S, softmax, P; no output yet.
       int n_block = own_blocks - 1;
-      pipeline_k.consumer_wait(state_k);
+      pipeline_k.consumer_wait(state);
       trace(TraceEvent::kFirstKLanded, tile_iteration, n_block);
       if constexpr (kLeanTileStart) {
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
+            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
         find_masked_blocks();
         warpgroup_wait<0>();
         finish_operands(tSrS);
       } else {
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, state_k.index()), tSrS, /*zero_init=*/true);
+            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
       }
-      pipeline_k.consumer_release(state_k);
+      pipeline_k.consumer_release(state);
       trace(TraceEvent::kFirstSLanded, tile_iteration, n_block);
       if (n_block == 0 && !stage_o) q_empty.arrive();
       float rescale[2];
@@ -279,43 +272,42 @@ __device__ __forceinline__ void consumer_loop(
       // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
       // tensor cores still work on the second GEMM.
       for (--n_block; n_block >= 0; --n_block) {
-        auto next_k = state_k;
-        ++next_k;
+        typename Traits::PipelineState next = state;
+        ++next;
         turn.wait();
         trace(TraceEvent::kTurnTaken, tile_iteration, n_block);
-        pipeline_k.consumer_wait(next_k);
+        pipeline_k.consumer_wait(next);
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, next_k.index()), tSrS, /*zero_init=*/true);
-        pipeline_v.consumer_wait(state_v);
+            mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
+        pipeline_v.consumer_wait(state);
         warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO,
+            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
             /*zero_init=*/n_block == own_blocks - 2);
         turn.pass();
         trace(TraceEvent::kGemmsIssued, tile_iteration, n_block);
         warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
         finish_operands(tSrS);
         trace(TraceEvent::kSLanded, tile_iteration, n_block);
-        pipeline_k.consumer_release(next_k);
+        pipeline_k.consumer_release(next);
         if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
         softmax_block(n_block, rescale);
         trace(TraceEvent::kSoftmaxDone, tile_iteration, n_block);
         warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
         finish_operands(tOrO, tOrP);
         trace(TraceEvent::kPVLanded, tile_iteration, n_block);
-        pipeline_v.consumer_release(state_v);
+        pipeline_v.consumer_release(state);
         CUTE_UNROLL
         for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
         convert_p();
         trace(TraceEvent::kIterationDone, tile_iteration, n_block);
-        state_k = next_k;
-        if constexpr (!Traits::kOneRingState) ++state_v;
+        state = next;
       }
-      pipeline_v.consumer_wait(state_v);
+      pipeline_v.consumer_wait(state);
       warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-          mma_o, tOrP, tOrVt(_, _, _, state_v.index()), tOrO, /*zero_init=*/own_blocks == 1);
-      pipeline_v.consumer_release(state_v);
+          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
+      pipeline_v.consumer_release(state);
       trace(TraceEvent::kLastPVLanded, tile_iteration, 0);
-      advance_rings();
+      ++state;
     }
 
     // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets

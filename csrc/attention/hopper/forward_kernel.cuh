@@ -30,19 +30,6 @@
 
 namespace samattn::hopper {
 
-// A K or V ring: full barriers completed by the copy engine's bytes, empty ones by every
-// consumer thread.
-template <typename Pipeline, int kConsumerThreads>
-__device__ __forceinline__ Pipeline make_kv_pipeline(typename Pipeline::SharedStorage& storage,
-                                                     bool producer, uint32_t stage_bytes) {
-  typename Pipeline::Params params;
-  params.transaction_bytes = stage_bytes;
-  params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  params.is_leader = threadIdx.x == 0;
-  params.num_consumers = kConsumerThreads;
-  return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
-}
-
 // __launch_bounds__(threads, 1) caps registers at entry so setmaxnreg can move them from the
 // producer warpgroup to the consumers.
 template <typename Element, int kHeadDim, int kVariant>
@@ -68,12 +55,15 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
     shared.barrier_unit_full.init(1);
     shared.barrier_unit_empty.init(1);
   }
+  typename Traits::Pipeline::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kKVBytes;
+  pipeline_params.role = warpgroup == 0 ? Traits::Pipeline::ThreadCategory::Producer
+                                        : Traits::Pipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = Traits::kConsumerThreads;
   // The constructors initialise the barriers from warp 0; the block barrier below publishes them.
-  const bool producer = warpgroup == 0;
-  auto pipeline_k = make_kv_pipeline<typename Traits::PipelineK, Traits::kConsumerThreads>(
-      shared.pipeline_k, producer, Traits::kKVBytes);
-  auto pipeline_v = make_kv_pipeline<typename Traits::PipelineV, Traits::kConsumerThreads>(
-      shared.pipeline_v, producer, Traits::kKVBytes);
+  typename Traits::Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  typename Traits::Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 

@@ -6,9 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 
 #include "attention/hopper/forward_kernel.cuh"
 #include "attention/hopper/forward_launch.h"
@@ -17,6 +14,12 @@
 #include "common/cuda_check.h"
 #include "common/device.h"
 #include "common/stream_counter.h"
+
+#if defined(SAMATTN_HOPPER_TRACE)
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#endif
 
 namespace samattn::hopper {
 
@@ -83,8 +86,7 @@ inline void write_trace(const ForwardTrace& trace, unsigned blocks, int block_m,
   SAMATTN_CUDA_CHECK(cudaMemcpyAsync(host.data(), trace.records, words * sizeof(host[0]),
                                      cudaMemcpyDeviceToHost, stream));
   SAMATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const int64_t header[] = {0x53414d5452414345, blocks,  trace.lanes,
-                            trace.capacity,     block_m, block_n};
+  const int64_t header[] = {kTraceMagic, blocks, trace.lanes, trace.capacity, block_m, block_n};
   std::FILE* file = std::fopen(path, "wb");
   SAMATTN_CHECK(file != nullptr, "SAMATTN_HOPPER_TRACE_FILE: cannot open ", path);
   const bool written = std::fwrite(header, sizeof(header), 1, file) == 1 &&
@@ -157,19 +159,23 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       p.cu_seqlens_k,
       static_cast<int32_t>(p.total_q),
       static_cast<int32_t>(p.total_k)};
-  HopperForwardParams<Element, kHeadDim, kVariant> params {
-    p, geometry, schedule, options, q.shape(), k.shape(), v.shape(), out.shape(),
-        make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
-                      Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{}),
-                      Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
-        make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutV{}),
-                      Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
-        make_tma_copy(SM90_TMA_STORE{}, out, typename Traits::SmemLayoutOStage{},
-                      Shape<typename Traits::OStageRows, typename Traits::HeadDim>{}, _1{}),
-#if defined(SAMATTN_HOPPER_TRACE)
-        ForwardTrace{},  // set below, once the grid is known
-#endif
+  HopperForwardParams<Element, kHeadDim, kVariant> params{
+      p,
+      geometry,
+      schedule,
+      options,
+      q.shape(),
+      k.shape(),
+      v.shape(),
+      out.shape(),
+      make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                    Shape<typename Traits::BlockM, typename Traits::HeadDim>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, out, typename Traits::SmemLayoutOStage{},
+                    Shape<typename Traits::OStageRows, typename Traits::HeadDim>{}, _1{}),
   };
 
   const auto kernel = forward_kernel<Element, kHeadDim, kVariant>;

@@ -2,10 +2,10 @@
 // query tiles in the scheduler's order, tells the consumers which tile each Q buffer holds
 // (publish_tile) and issues every TMA copy: per tile its Q (into a free Q buffer: with two,
 // while the consumers still work on the previous tile) and the K and V tiles of its key
-// blocks, last to first, into a K ring and a V ring (kStagesK and kStagesV deep) guarded by
-// mbarrier pipelines (full: the copy engine has landed the bytes; empty: every consumer thread is
-// done with the stage). The rings run across tiles, so the next tile's first keys and its Q arrive
-// while the consumers finish the current one.
+// blocks, last to first, into a kStages-deep ring guarded by mbarrier pipelines (full: the copy
+// engine has landed the bytes; empty: every consumer thread is done with the stage). The ring
+// runs across tiles, so the next tile's first keys and its Q arrive while the consumers finish
+// the current one.
 #pragma once
 
 #include "attention/hopper/forward_traits.cuh"
@@ -16,8 +16,8 @@ template <typename Element, int kHeadDim, int kVariant>
 __device__ __forceinline__ void producer_loop(
     const HopperForwardParams<Element, kHeadDim, kVariant>& params,
     typename KernelTraits<Element, kHeadDim, kVariant>::SharedStorage& shared,
-    typename KernelTraits<Element, kHeadDim, kVariant>::PipelineK& pipeline_k,
-    typename KernelTraits<Element, kHeadDim, kVariant>::PipelineV& pipeline_v) {
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_k,
+    typename KernelTraits<Element, kHeadDim, kVariant>::Pipeline& pipeline_v) {
   using namespace cute;
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
@@ -26,12 +26,10 @@ __device__ __forceinline__ void producer_loop(
   Tensor mK = params.tma_k.get_tma_tensor(params.shape_k);
   Tensor mV = params.tma_v.get_tma_tensor(params.shape_v);
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutV{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
 
-  auto state_k = cutlass::make_producer_start_state<typename Traits::PipelineK>();
-  auto state_v_own = cutlass::make_producer_start_state<typename Traits::PipelineV>();
-  auto& state_v = ring_state_v<Traits::kOneRingState>(state_k, state_v_own);
+  auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int tile_iteration = 0;  // counts the tiles published to the consumers
   TraceWriter trace(params, /*lane=*/0, /*writes=*/true);
   // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase; the buffer
@@ -75,17 +73,16 @@ __device__ __forceinline__ void producer_loop(
       Tensor tVsV = get<1>(v_copy);
       // n_block counts from the tile's first key block (c.n_first).
       auto load_k = [&](int n_block) {
-        pipeline_k.producer_acquire(state_k);
-        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state_k), 0),
-             tKgK(_, c.n_first + n_block), tKsK(_, state_k.index()));
-        if constexpr (!Traits::kOneRingState) ++state_k;  // else load_v advances the one state
+        pipeline_k.producer_acquire(state);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0),
+             tKgK(_, c.n_first + n_block), tKsK(_, state.index()));
         trace(TraceEvent::kKIssued, tile_iteration, n_block);
       };
       auto load_v = [&](int n_block) {
-        pipeline_v.producer_acquire(state_v);
-        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state_v), 0),
-             tVgV(_, c.n_first + n_block), tVsV(_, state_v.index()));
-        ++state_v;
+        pipeline_v.producer_acquire(state);
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0),
+             tVgV(_, c.n_first + n_block), tVsV(_, state.index()));
+        ++state;
         trace(TraceEvent::kVIssued, tile_iteration, n_block);
       };
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.

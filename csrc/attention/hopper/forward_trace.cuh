@@ -39,6 +39,9 @@ enum class TraceEvent : uint32_t {
   kOStoreIssued,   // the TMA store of O is issued
 };
 
+// The trace file's first word ("SAMTRACE"; benchmarks/trace_hopper_forward.py checks it).
+inline constexpr int64_t kTraceMagic = 0x53414d5452414345;
+
 // The device buffer: for each block and lane, `capacity` records of two words (clock64, then
 // event << 48 | tile << 16 | key block).
 struct ForwardTrace {

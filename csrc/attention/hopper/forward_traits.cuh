@@ -40,9 +40,7 @@ struct KernelTraits {
   static constexpr int kThreads = kTile.threads();
   static constexpr int kBlockM = kTile.block_m();
   static constexpr int kBlockN = kTile.block_n;
-  // V's stages; K may have more (ForwardTile::extra_k_stages).
-  static constexpr int kStagesV = kTile.stages;
-  static constexpr int kStagesK = kTile.stages + kTile.extra_k_stages;
+  static constexpr int kStages = kTile.stages;
   static constexpr int kQBuffers = kTile.q_buffers;
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
@@ -73,28 +71,22 @@ struct KernelTraits {
                                                                    BlockN, HeadDim>());
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtomQ{}, cute::Shape<BlockM, HeadDim, cute::Int<kQBuffers>>{}));
-  template <int kStageCount>
-  using SmemLayoutKVStages = decltype(cute::tile_to_shape(
-      SmemAtomKV{}, cute::Shape<BlockN, HeadDim, cute::Int<kStageCount>>{}));
-  using SmemLayoutK = SmemLayoutKVStages<kStagesK>;
-  using SmemLayoutV = SmemLayoutKVStages<kStagesV>;
-  // The same bytes as SmemLayoutV seen as (dim, key, stage): V^T for the second wgmma.
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtomKV{}, cute::Shape<BlockN, HeadDim, cute::Int<kStages>>{}));
+  // The same bytes as SmemLayoutKV seen as (dim, key, stage): V^T for the second wgmma.
   using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutV{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN, cute::Int<kStagesV>>{},
-                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
 
-  using PipelineK = cutlass::PipelineTmaAsync<kStagesK>;
-  using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
-  // Rings of one depth walk one state (ring_state_v): a second one cost registers (head dim 64's
-  // three consumer warpgroups spilled 8 bytes).
-  static constexpr bool kOneRingState = kStagesK == kStagesV;
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
-    typename PipelineK::SharedStorage pipeline_k;
-    typename PipelineV::SharedStorage pipeline_v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
     // Per Q buffer. Full: the copy engine has landed the tile's Q. Empty: every consumer thread
     // is done with the last S GEMM of its tile, so the producer may load a later tile's Q.
     cutlass::arch::ClusterTransactionBarrier barrier_q_full[kQBuffers];
@@ -125,7 +117,7 @@ struct KernelTraits {
                         GmemStride{}),
       SmemLayout{}, Tile{}, cute::_1{}));
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
-  using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutK{})), cute::Shape<BlockN, HeadDim>>;
+  using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutKV{})), cute::Shape<BlockN, HeadDim>>;
 
   // The output leaves by TMA store, one consumer warpgroup's 64 rows at a time, from where that
   // warpgroup staged them: its own rows of the tile's Q buffer. Rows 64 w .. 64 w + 63 of a Q
@@ -179,20 +171,9 @@ struct HopperForwardParams {
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
 #if defined(SAMATTN_HOPPER_TRACE)
-  ForwardTrace trace;  // forward_trace.cuh: a diagnostic build's timeline
+  ForwardTrace trace{};  // forward_trace.cuh: a diagnostic build's timeline (set by the launcher)
 #endif
 };
-
-// The V ring's state: the K ring's own where both rings have one depth (KernelTraits::
-// kOneRingState; then only the V side advances it), else its own.
-template <bool kOneRingState, typename StateK, typename StateV>
-__device__ __forceinline__ auto& ring_state_v(StateK& state_k, StateV& state_v) {
-  if constexpr (kOneRingState) {
-    return state_k;
-  } else {
-    return state_v;
-  }
-}
 
 // Only warpgroup 0 walks the schedule. Its TMA thread tells the consumers which tile a Q buffer
 // holds (as its unit and half, which its loop has live anyway: the tile's coordinates would take
