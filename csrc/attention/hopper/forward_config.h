@@ -85,9 +85,10 @@ inline constexpr ForwardTile kTiles128[] = {
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at
-// S <= 1k non-causal, and lost at S <= 1k causal; D = 128's entries were within noise of each
-// other except 1, slower at short S. benchmarks/NOTES.md has the table.
-inline constexpr int kDefaultTile64 = 1;
+// S <= 1k non-causal, and lost at S <= 1k causal. Stop 20 (commits 8ab7516, f1058d9): the lean
+// tile start gained 2-11% at S <= 2k over the same tile without it at D = 128 and 2-8% at
+// S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
+inline constexpr int kDefaultTile64 = 2;
 inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile256 = 0;
 
