@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/hopper/forward_launch.h"
 #include "backward_rounding_model.h"
 #include "reference/reference_mask.h"
 #include "test_support.h"
@@ -514,6 +515,89 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopper,
                          ::testing::Combine(::testing::ValuesIn(hopper_window_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
                          case_and_dtype_name);
+
+// Block maps on the Hopper forward (a tile walks the key blocks the map lists for any of its
+// rows; a consumer warpgroup masks a walked block its own map row does not list): forced onto
+// it and taken by the default dispatch, against the same bound and lse check. Map rows of 64
+// (several per tile) and 128 rows (a 192-row tile spans two), map columns of one and of two key
+// blocks, causal, a window on top, GQA with more tiles than SMs, every head dim (256 with its
+// 80-key blocks), and a map row with nothing listed (its rows get zeros and lse = -inf).
+std::vector<TcMaskCase> hopper_block_map_cases() {
+  using SP = SparsePattern;
+  auto with_map = [](std::string name, Shape shape, bool causal, int64_t map_q, int64_t map_k,
+                     int64_t window_left = -1, int64_t window_right = -1) {
+    return TcMaskCase{std::move(name), shape,     causal, 1, window_left,
+                      window_right,    SP::kNone, 0,      0, ElementMask::kNone,
+                      map_q,           map_k};
+  };
+  return {
+      with_map("map_d128", {2, 4, 2, 700, 650, 128, 128}, false, 128, 128),
+      with_map("map_causal_d64", {1, 2, 2, 1000, 1000, 64, 64}, true, 128, 128),
+      with_map("map_q64_k256_causal_d128", {1, 2, 1, 500, 777, 128, 128}, true, 64, 256),
+      with_map("map_window_d64", {1, 2, 2, 600, 600, 64, 64}, false, 64, 128, 200, 50),
+      with_map("map_many_tiles_gqa_d128", {2, 16, 2, 640, 640, 128, 128}, true, 128, 128),
+      with_map("map_k160_d256", {1, 2, 2, 300, 320, 256, 256}, false, 64, 160),
+  };
+}
+
+class MaskHopperBlockMap : public ::testing::TestWithParam<std::tuple<TcMaskCase, DType>> {};
+
+TEST_P(MaskHopperBlockMap, ForwardMatchesReference) {
+  SKIP_WITHOUT_HOPPER();
+  const auto& [c, dtype] = GetParam();
+  Problem pb(c.shape, dtype, false, std::hash<std::string>{}(c.name));
+  apply_options(c, pb.params);
+  HostMasks masks = make_masks(c, pb.params);
+  // Map row 1 of batch 0 lists nothing: its rows see no key.
+  const int64_t map_rows = (c.shape.seqlen_q + c.map_q - 1) / c.map_q;
+  if (map_rows > 1) {
+    for (int64_t j = 0; j < pb.params.mask.block_row_stride; ++j) {
+      masks.map[pb.params.mask.block_row_stride + j] = 0;
+    }
+  }
+  bind_host_masks(pb.params, masks);
+  const HostTensor ref = pb.reference(/*with_lse=*/true);
+  const HostTensor rounded = rounded_forward(pb);
+
+  DeviceRun dev(pb, masks, false);
+  dev.params.backend = Backend::kHopper;
+  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
+  dev.params.backend = Backend::kAuto;
+  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
+  run_forward_and_check(dev, pb, ref, rounded, c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
+                         ::testing::Combine(::testing::ValuesIn(hopper_block_map_cases()),
+                                            ::testing::Values(DType::kFloat16, DType::kBFloat16)),
+                         case_and_dtype_name);
+
+// Block maps the Hopper forward cannot walk stay on the tensor-core masked kernel, each with the
+// reason: map rows that split a warpgroup's 64 rows, map columns that split a key block, an
+// element mask on top.
+TEST(MaskHopperDispatch, BlockMapsItCannotWalkStayOnTheMaskedKernel) {
+  SKIP_WITHOUT_HOPPER();
+  struct Unsupported {
+    int64_t map_q, map_k;
+    bool element;
+    const char* reason;
+  };
+  for (const Unsupported& u :
+       {Unsupported{48, 128, false, "block_q 48"}, Unsupported{128, 64, false, "block_k 64"},
+        Unsupported{128, 128, true, "attn_mask"}}) {
+    TcMaskCase c{"map", {1, 2, 2, 300, 300, 128, 128}};
+    c.map_q = u.map_q;
+    c.map_k = u.map_k;
+    c.element = u.element ? ElementMask::kBool : ElementMask::kNone;
+    Problem pb(c.shape, DType::kBFloat16, false, 5);
+    const HostMasks masks = make_masks(c, pb.params);
+    DeviceRun dev(pb, masks, false);
+    dev.params.backend = Backend::kHopper;
+    EXPECT_EQ(select_backend(dev.params), Backend::kTensorCore) << u.reason;
+    const std::string why = hopper::supports(dev.params).message();
+    EXPECT_NE(why.find(u.reason), std::string::npos) << why;
+  }
+}
 
 // A window with kv_stride > 1 stays on the tensor-core masked kernel (the Hopper forward takes
 // the window with kv_stride 1 only), even when the Hopper path is asked for.

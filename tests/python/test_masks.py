@@ -892,3 +892,32 @@ def test_gpu_block_sparse(dtype):
         grads = torch.autograd.grad(out, (q, k, v), dout)
         check_gradients(grads, q, k, v, out, dout, dict(causal=True), attn_mask=attn_mask,
                         block_sparse=bs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape,causal,block_q", [((1, 4, 2, 1000, 1000, 128), True, 128),
+                                                  ((2, 2, 2, 700, 900, 64), False, 64)])
+def test_gpu_block_sparse_on_hopper(dtype, shape, causal, block_q):
+    """On compute capability 9.0 the default dispatch runs a block map (no attn_mask) on the
+    Hopper forward, which walks only the listed key blocks; against the reference, and against
+    the tensor-core masked kernel forced on the same call, both within the tensor-core rule."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("no compute capability 9.0 GPU")
+    q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", seed=47)
+    B, H, _, Sq, Sk, _ = shape
+    gen = torch.Generator().manual_seed(48)
+    block_map = torch.rand(B, H, -(-Sq // block_q), -(-Sk // 128), generator=gen) > 0.6
+    block_map[0, 0, 1] = False  # a map row with nothing listed: zeros and lse = -inf
+    bs = samattn.block_sparse.from_map(block_map.cuda(), block_q, 128)
+    assert samattn.selected_backend(q, k, v, block_sparse=bs, causal=causal) == "hopper"
+    out, lse = samattn.attention(q, k, v, block_sparse=bs, causal=causal, return_lse=True)
+    check_forward(out, lse, q, k, v, dict(causal=causal), block_sparse=bs)
+    assert torch.isneginf(lse[0, 0, block_q:2 * block_q]).all()
+    forced, forced_lse = samattn.attention(q, k, v, block_sparse=bs, causal=causal,
+                                           return_lse=True, backend="tensor_core")
+    check_forward(forced, forced_lse, q, k, v, dict(causal=causal), block_sparse=bs,
+                  backend="tensor_core")
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(forced_lse))
+    finite = torch.isfinite(lse)
+    assert torch.allclose(lse[finite], forced_lse[finite], rtol=1e-5, atol=1e-5)

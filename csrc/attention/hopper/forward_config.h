@@ -133,8 +133,20 @@ struct ForwardKernelOptions {
   bool varlen_block_per_unit = false;
 };
 
-// Q tiles + stages x (K tile + V tile), plus a little for the mbarriers (checked against the
-// kernel's SharedStorage by a static_assert in forward_traits.cuh).
+// Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for
+// each consumer warpgroup (its rows' map entry lists the block) and one for the tile (any of
+// them does), over the first kMaxListedKeyBlocks key blocks: 512 x 128 keys = 64k keys at head
+// dims 64 and 128. Longer calls run on the tensor-core masked kernel (supports()). 64 bytes a
+// mask, so that the mbarriers, the published tiles and these masks together stay within the
+// 1024 bytes of kBarrierBytes the dense kernels had already: the shared memory of a block, and
+// so the L1 the SM keeps beside it, is the same with or without this feature.
+inline constexpr int kMaxListedKeyBlocks = 512;
+constexpr int key_block_mask_bytes(const ForwardTile& tile) {
+  return tile.q_buffers * (tile.consumer_warpgroups + 1) * kMaxListedKeyBlocks / 8;
+}
+
+// Q tiles + stages x (K tile + V tile), plus a little for the mbarriers and the key-block masks
+// (checked against the kernel's SharedStorage by a static_assert in forward_traits.cuh).
 inline constexpr int kBarrierBytes = 1024;
 constexpr int forward_smem_bytes(const ForwardTile& tile, int64_t head_dim, int element_bytes) {
   const int64_t elements = int64_t{tile.q_buffers} * tile.block_m() * head_dim +

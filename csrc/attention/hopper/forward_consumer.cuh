@@ -13,6 +13,7 @@
 // its next tile, whose Q and first K/V the producer has already loaded).
 #pragma once
 
+#include "attention/hopper/forward_key_blocks.cuh"
 #include "attention/hopper/forward_softmax.cuh"
 #include "attention/hopper/forward_traits.cuh"
 #include "attention/hopper/wgmma_utils.cuh"
@@ -93,6 +94,8 @@ __device__ __forceinline__ void consumer_loop(
   const int warpgroup_first_row = 64 * warpgroup;
   uint32_t* p_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
 
+  // Block-sparse: the tile walks the key blocks the map lists (forward_key_blocks.cuh).
+  const bool sparse = p.block_map != nullptr;
   const float scale_log2 = static_cast<float>(p.scale_log2);
   // The fused FFMA needs the max of the raw scores to be the max of the scaled ones.
   const bool fuse_scale = scale_log2 > 0.f;
@@ -159,12 +162,21 @@ __device__ __forceinline__ void consumer_loop(
           first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
     };
     if constexpr (!kLeanTileStart) find_masked_blocks();
+    // The tile's key blocks (all of [n_first, n_first + n_blocks), or the listed ones) and the
+    // next one down, from one past the last.
+    const auto& key_masks = shared.key_blocks[q_buffer];
+    auto next_key_block = [&](int block) {
+      return sparse ? listed_below(key_masks.tile, block) : block - 1;
+    };
+    auto hidden_block = [&](int block) {
+      return sparse && !is_listed(key_masks.rows[warpgroup], block);
+    };
 
-    // Scores of key block n_block (counted from c.n_first, in tSrS) -> probabilities; rescale
-    // as in RowSoftmax.
-    auto softmax_block = [&](int relative_block, float(&rescale)[2]) {
-      const int n_block = c.n_first + relative_block;
-      const bool needs_mask = n_block >= first_masked_block || n_block < first_unclipped_block;
+    // Scores of key block n_block (counted from key 0, in tSrS) -> probabilities; rescale as in
+    // RowSoftmax. hidden: the block map does not list the block for this warpgroup's rows.
+    auto softmax_block = [&](int n_block, bool hidden, float(&rescale)[2]) {
+      const bool needs_mask =
+          hidden || n_block >= first_masked_block || n_block < first_unclipped_block;
       if (!needs_mask && fuse_scale) {
         constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
         if constexpr (kFmaShare > 0) {
@@ -188,8 +200,9 @@ __device__ __forceinline__ void consumer_loop(
           const int64_t block_begin = int64_t{n_block} * kBlockN;
           low[r] =
               static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
-          limit[r] =
-              static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
+          limit[r] = hidden ? 0
+                            : static_cast<int>(
+                                  max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
         }
         CUTE_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
@@ -201,7 +214,7 @@ __device__ __forceinline__ void consumer_loop(
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
           const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-          limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+          limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
         }
         CUTE_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
@@ -220,16 +233,21 @@ __device__ __forceinline__ void consumer_loop(
     softmax.reset();
     auto& q_empty = shared.barrier_q_empty[q_buffer];
     Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
+    const int tile_blocks =
+        sparse ? count_listed_below(key_masks.tile, c.n_first + c.n_blocks) : c.n_blocks;
+
     // The tile's highest key blocks may lie past every diagonal (or window end) of this
     // warpgroup's rows, and a warpgroup whose rows all lie past the sequence's end sees none:
     // it passes those stages on without a GEMM (192-row tiles of 128-key blocks at causal
     // S = 1k: a quarter of the GEMMs). It still waits for each stage to land, so that its
     // release can only complete the phase the stage is in, and it keeps every turn of the tile
     // (one per block after the first), so the turns of all warpgroups stay in step.
+    const int own_end_block =
+        c.n_first + warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
     const int own_blocks =
-        warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
-    const int idle_turns = c.n_blocks - max(own_blocks, 1);
-    for (int skipped = 0; skipped < c.n_blocks - own_blocks; ++skipped) {
+        sparse ? count_listed_below(key_masks.tile, own_end_block) : own_end_block - c.n_first;
+    const int idle_turns = tile_blocks - max(own_blocks, 1);
+    for (int skipped = 0; skipped < tile_blocks - own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);
       pipeline_k.consumer_release(state);
       pipeline_v.consumer_wait(state);
@@ -245,8 +263,10 @@ __device__ __forceinline__ void consumer_loop(
       release_stored_q_buffer();
       clear(tOrO);
     } else {
-      // The first (last in key order) block: S, softmax, P; no output yet.
+      // The first (last in key order) block: S, softmax, P; no output yet. n_block counts the
+      // blocks left, key_block is the one in hand.
       int n_block = own_blocks - 1;
+      int key_block = next_key_block(own_end_block);
       pipeline_k.consumer_wait(state);
       trace(TraceEvent::kFirstKLanded, tile_iteration, n_block);
       if constexpr (kLeanTileStart) {
@@ -261,9 +281,11 @@ __device__ __forceinline__ void consumer_loop(
       }
       pipeline_k.consumer_release(state);
       trace(TraceEvent::kFirstSLanded, tile_iteration, n_block);
+      // The masks are read before q_empty completes (the producer may then rebuild them).
+      bool hidden = hidden_block(key_block);
       if (n_block == 0 && !stage_o) q_empty.arrive();
       float rescale[2];
-      softmax_block(n_block, rescale);
+      softmax_block(key_block, hidden, rescale);
       convert_p();
       trace(TraceEvent::kFirstSoftmaxDone, tile_iteration, n_block);
       release_stored_q_buffer();
@@ -274,6 +296,7 @@ __device__ __forceinline__ void consumer_loop(
       for (--n_block; n_block >= 0; --n_block) {
         typename Traits::PipelineState next = state;
         ++next;
+        key_block = next_key_block(key_block);
         turn.wait();
         trace(TraceEvent::kTurnTaken, tile_iteration, n_block);
         pipeline_k.consumer_wait(next);
@@ -289,8 +312,9 @@ __device__ __forceinline__ void consumer_loop(
         finish_operands(tSrS);
         trace(TraceEvent::kSLanded, tile_iteration, n_block);
         pipeline_k.consumer_release(next);
+        hidden = hidden_block(key_block);
         if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
-        softmax_block(n_block, rescale);
+        softmax_block(key_block, hidden, rescale);
         trace(TraceEvent::kSoftmaxDone, tile_iteration, n_block);
         warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
         finish_operands(tOrO, tOrP);

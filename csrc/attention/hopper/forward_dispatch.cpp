@@ -20,6 +20,36 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend hopper does not support " + why);
 }
 
+#ifdef SAMATTN_HAVE_SM90
+// A block map on the Hopper forward (forward_key_blocks.cuh): each consumer warpgroup's 64 rows
+// lie in one map row, each key block in one map column, and the listed key blocks fit the
+// kernel's masks. Varlen sequences start at any row of the packed tensors, so their tiles do
+// not line up with the map's rows: they run on the tensor-core masked kernel.
+Status supports_block_map(const AttentionParams& p, const ForwardTile& tile) {
+  const MaskOptions& m = p.mask;
+  if (m.is_varlen()) return unsupported("a block map with varlen");
+  constexpr int64_t kRowsPerWarpgroup = 64;
+  constexpr int64_t kMaxBlockSize = int64_t{1} << 30;  // the kernel divides in int32
+  if (m.block_q % kRowsPerWarpgroup != 0 || m.block_q > kMaxBlockSize) {
+    return unsupported(detail::concat("a block map with block_q ", m.block_q,
+                                      " (it runs here with a multiple of ", kRowsPerWarpgroup,
+                                      " up to ", kMaxBlockSize, ")"));
+  }
+  if (m.block_k % tile.block_n != 0 || m.block_k > kMaxBlockSize) {
+    return unsupported(detail::concat("a block map with block_k ", m.block_k, " at head_dim ",
+                                      p.head_dim, " (it runs here with a multiple of ",
+                                      tile.block_n, " up to ", kMaxBlockSize, ")"));
+  }
+  const int64_t key_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+  if (key_blocks > kMaxListedKeyBlocks) {
+    return unsupported(detail::concat("a block map with seqlen_k ", p.seqlen_k, " at head_dim ",
+                                      p.head_dim, " (it runs here up to ",
+                                      int64_t{kMaxListedKeyBlocks} * tile.block_n, " keys)"));
+  }
+  return Status::success();
+}
+#endif
+
 }  // namespace
 
 Status supports(const AttentionParams& p) {
@@ -28,19 +58,22 @@ Status supports(const AttentionParams& p) {
   return unsupported(
       "this build: the sm_90a kernels were not compiled (no CuTe headers at configure time)");
 #else
-  // A sliding window is a per-row key range (with causal, kv_stride and the sequence ends), and
-  // a varlen sequence a dense problem at an offset of the packed tensors; the other options need
-  // the masked kernels' per-element work.
+  // A sliding window is a per-row key range (with causal, kv_stride and the sequence ends), a
+  // varlen sequence a dense problem at an offset of the packed tensors, and a block map a list
+  // of whole key blocks per tile; the other options need the masked kernels' per-element work.
   const MaskOptions& m = p.mask;
-  if (m.has_element_mask() || m.has_block_map() || m.pattern != SparsePattern::kNone) {
+  if (m.has_element_mask() || m.pattern != SparsePattern::kNone) {
     return unsupported(
-        "attn_mask, block-sparse maps and sparse patterns (they run on the tensor-core masked or "
-        "SIMT kernels; a sliding window and varlen run here)");
+        "attn_mask and sparse patterns (they run on the tensor-core masked or SIMT kernels; a "
+        "sliding window, varlen and block maps run here)");
   }
-  // A window's key range and a varlen sequence's first key row are kept-key positions only with
-  // kv_stride 1 (a varlen sequence may start at any row of the packed k).
-  if ((m.has_window() || m.is_varlen()) && p.kv_stride != 1) {
-    return unsupported(detail::concat(m.is_varlen() ? "varlen" : "a sliding window",
+  // A window's key range, a varlen sequence's first key row and a block map's columns are
+  // kept-key positions only with kv_stride 1 (a varlen sequence may start at any row of the
+  // packed k).
+  if ((m.has_window() || m.is_varlen() || m.has_block_map()) && p.kv_stride != 1) {
+    return unsupported(detail::concat(m.is_varlen()    ? "varlen"
+                                      : m.has_window() ? "a sliding window"
+                                                       : "a block map",
                                       " with kv_stride ", p.kv_stride,
                                       " (it runs here with kv_stride 1)"));
   }
@@ -64,6 +97,10 @@ Status supports(const AttentionParams& p) {
   const int bytes = dtype_size(p.dtype);
   const ForwardTile tile =
       forward_tile(p.head_dim, forward_tile_variant_from_environment(p.head_dim));
+  if (m.has_block_map()) {
+    const Status map = supports_block_map(p, tile);
+    if (!map.ok()) return map;
+  }
   const int smem = forward_smem_bytes(tile, p.head_dim, bytes);
   if (smem > device.max_smem_optin) {
     return unsupported(detail::concat("head_dim ", p.head_dim, " on this device: it needs ", smem,

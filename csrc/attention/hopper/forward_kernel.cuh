@@ -4,7 +4,8 @@
 // A persistent kernel: at most one block per SM, each taking query tiles (kBlockM rows of one
 // (batch, head)) in the order of forward_scheduler.h until none is left. Warpgroup 0 is the
 // producer (forward_producer.cuh): it gives most of its registers away (setmaxnreg), one of
-// its threads issues every TMA copy and another takes the block's next work unit. The other
+// its threads issues every TMA copy, another takes the block's next work unit and, in
+// block-sparse calls, a third warp reads the block map (forward_key_blocks.cuh). The other
 // warpgroups are the consumers (forward_consumer.cuh): 64 query rows each, wgmma for S = Q K^T and
 // O += P V, the online softmax in registers, ping-pong turns between them, and the output staged in
 // shared memory and stored by TMA (or stored from registers when a Q buffer cannot be spared). Key
@@ -54,6 +55,8 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
     }
     shared.barrier_unit_full.init(1);
     shared.barrier_unit_empty.init(1);
+    shared.barrier_list_full.init(1);
+    shared.barrier_list_empty.init(32);  // every lane of the list warp
   }
   typename Traits::Pipeline::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kKVBytes;
@@ -73,6 +76,8 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
       producer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);
     } else if (threadIdx.x == 32) {
       scheduler_loop(params.schedule, shared);
+    } else if (threadIdx.x / 32 == 2 && params.p.block_map != nullptr) {
+      key_block_list_loop<Traits::kBlockN, Traits::kConsumerWarpgroups>(params.p, shared);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kTile.consumer_registers()>();

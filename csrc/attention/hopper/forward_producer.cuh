@@ -8,6 +8,7 @@
 // the current one.
 #pragma once
 
+#include "attention/hopper/forward_key_blocks.cuh"
 #include "attention/hopper/forward_traits.cuh"
 
 namespace samattn::hopper {
@@ -31,6 +32,8 @@ __device__ __forceinline__ void producer_loop(
 
   auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int tile_iteration = 0;  // counts the tiles published to the consumers
+  // Block-sparse: each tile's copies walk the key blocks the map lists (forward_key_blocks.cuh).
+  const bool sparse = params.p.block_map != nullptr;
   TraceWriter trace(params, /*lane=*/0, /*writes=*/true);
   // Tile i uses Q buffer i % kQBuffers, in the buffer's (i / kQBuffers)-th phase; the buffer
   // must be empty of tile i - kQBuffers before its Q and its published tile are replaced.
@@ -71,24 +74,38 @@ __device__ __forceinline__ void producer_loop(
       Tensor tKsK = get<1>(k_copy);  // (TMA, stage)
       Tensor tVgV = get<0>(v_copy);
       Tensor tVsV = get<1>(v_copy);
-      // n_block counts from the tile's first key block (c.n_first).
-      auto load_k = [&](int n_block) {
+      // key_block counts from key 0.
+      auto load_k = [&](int key_block) {
         pipeline_k.producer_acquire(state);
-        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0),
-             tKgK(_, c.n_first + n_block), tKsK(_, state.index()));
-        trace(TraceEvent::kKIssued, tile_iteration, n_block);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0), tKgK(_, key_block),
+             tKsK(_, state.index()));
+        trace(TraceEvent::kKIssued, tile_iteration, key_block - c.n_first);
       };
-      auto load_v = [&](int n_block) {
+      auto load_v = [&](int key_block) {
         pipeline_v.producer_acquire(state);
-        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0),
-             tVgV(_, c.n_first + n_block), tVsV(_, state.index()));
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(state), 0), tVgV(_, key_block),
+             tVsV(_, state.index()));
         ++state;
-        trace(TraceEvent::kVIssued, tile_iteration, n_block);
+        trace(TraceEvent::kVIssued, tile_iteration, key_block - c.n_first);
+      };
+      // The tile's key blocks, from the last: all of [n_first, n_first + n_blocks), or the
+      // listed ones (whose masks live with the Q buffer, so that buffer is taken first).
+      int q_buffer = -1, blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
+      if (sparse) {
+        q_buffer = acquire_q_buffer();
+        request_key_blocks(shared, c, q_buffer, tile_iteration);
+        blocks = count_listed_below(shared.key_blocks[q_buffer].tile, key_block);
+      }
+      auto next_key_block = [&]() {
+        key_block =
+            sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
       };
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
-      int n_block = c.n_blocks - 1;
-      if (n_block >= 0) load_k(n_block);
-      const int q_buffer = acquire_q_buffer();
+      if (blocks > 0) {
+        next_key_block();
+        load_k(key_block);
+      }
+      if (!sparse) q_buffer = acquire_q_buffer();
       publish_tile(shared.q_tile[q_buffer], unit, half);
       if constexpr (Traits::kTile.lean_tile_start)
         publish_coords(shared.q_tile_coords[q_buffer], c);
@@ -96,10 +113,11 @@ __device__ __forceinline__ void producer_loop(
       copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
            get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
       trace(TraceEvent::kQIssued, tile_iteration, q_buffer);
-      if (n_block >= 0) load_v(n_block);
-      for (--n_block; n_block >= 0; --n_block) {
-        load_k(n_block);
-        load_v(n_block);
+      if (blocks > 0) load_v(key_block);
+      for (int left = blocks - 1; left > 0; --left) {
+        next_key_block();
+        load_k(key_block);
+        load_v(key_block);
       }
       ++tile_iteration;
     }
@@ -109,6 +127,7 @@ __device__ __forceinline__ void producer_loop(
   const int q_buffer = acquire_q_buffer();
   publish_tile(shared.q_tile[q_buffer], kNoMoreTiles.unit, kNoMoreTiles.half);
   shared.barrier_q_full[q_buffer].arrive();
+  if (sparse) request_key_blocks(shared, TileCoords{}, /*q_buffer=*/-1, tile_iteration);
 }
 
 // One thread of warpgroup 0 (not the TMA thread: fetching from the work counter there took

@@ -30,6 +30,23 @@ struct alignas(16) TileCoordsSlot {
   int32_t words[12];
 };
 
+// Which key blocks of a tile the block map lists (block-sparse calls): bit n % 32 of word n / 32
+// for key block n (counted from key 0): in `rows[w]` when the map lists it for consumer
+// warpgroup w's 64 rows (they lie in one map row: supports() has block_q % 64 == 0), in `tile`
+// when it does for any of them. Only bits of the tile's key-block range are set.
+inline constexpr int kKeyBlockWords = kMaxListedKeyBlocks / 32;
+template <int kWarpgroups>
+struct KeyBlockMasks {
+  uint32_t tile[kKeyBlockWords];
+  uint32_t rows[kWarpgroups][kKeyBlockWords];
+};
+
+// What the producer asks the list warp for: tile (b, h) rows [m_begin, m_begin + rows), key
+// blocks [n_first, n_first + n_blocks), into Q buffer q_buffer's masks; q_buffer < 0 ends.
+struct alignas(16) ListRequest {
+  int32_t b, h, m_begin, rows, n_first, n_blocks, q_buffer, unused;
+};
+
 // kVariant: the entry of forward_config.h's tile table for kHeadDim.
 template <typename Element, int kHeadDim, int kVariant>
 struct KernelTraits {
@@ -101,6 +118,13 @@ struct KernelTraits {
     // With a lean tile start, the coordinates of the tile in each Q buffer (last, so that the
     // other members keep their offsets in every tile).
     TileCoordsSlot q_tile_coords[kQBuffers];
+    // Block-sparse calls only (after the members above, which keep their offsets): the key
+    // blocks the block map lists for the tile in each Q buffer (KeyBlockMasks), which the list
+    // warp builds at the producer's request (list_request; full: asked, empty: built).
+    KeyBlockMasks<kConsumerWarpgroups> key_blocks[kQBuffers];
+    ListRequest list_request;
+    cutlass::arch::ClusterBarrier barrier_list_full;
+    cutlass::arch::ClusterBarrier barrier_list_empty;
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
