@@ -44,10 +44,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     backend: "auto" (fastest available), "simt", "tensor_core" (sm80+ mma.sync) or
     "hopper" (sm_90a wgmma + TMA; fp16/bf16 on compute capability 9.0). Calls with attn_mask,
     window, a sparse pattern or block_sparse run on the tensor-core masked kernel for float16 and
-    bfloat16 (also under "hopper", which takes a window alone with kv_stride 1 and no other
-    mask option, and varlen_attention's packed batches: such calls run the Hopper forward on
-    compute capability 9.0) and on SIMT otherwise; "tensor_core" raises, naming the reason, when the tensor cores cannot run the
-    call.
+    bfloat16 (also under "hopper", which takes, with kv_stride 1 and without attn_mask or a
+    sparse pattern, a window, block_sparse whose block_q is a multiple of 64 and block_k of its
+    key block (128; 80 at head dim 256) up to 64k keys, and varlen_attention's packed batches:
+    such calls run the Hopper forward on compute capability 9.0) and on SIMT otherwise;
+    "tensor_core" raises, naming the reason, when the tensor cores cannot run the call.
 
     Masks (all combine with causal and kv_stride; a key is visible when every option allows it):
     attn_mask: boolean (True = attend, SDPA's meaning) or additive float (bool, float32 or q's
