@@ -138,12 +138,10 @@ struct ForwardKernelOptions {
 // them does), over the first kMaxListedKeyBlocks key blocks: 512 x 128 keys = 64k keys at head
 // dims 64 and 128. Longer calls run on the tensor-core masked kernel (supports()). 64 bytes a
 // mask, so that the mbarriers, the published tiles and these masks together stay within the
-// 1024 bytes of kBarrierBytes the dense kernels had already: the shared memory of a block, and
-// so the L1 the SM keeps beside it, is the same with or without this feature.
+// kBarrierBytes below (forward_traits.cuh's static_assert): the tiles are whole multiples of
+// 1024 bytes, so a block's shared memory, and the L1 the SM keeps beside it, is the same as
+// before the masks were added.
 inline constexpr int kMaxListedKeyBlocks = 512;
-constexpr int key_block_mask_bytes(const ForwardTile& tile) {
-  return tile.q_buffers * (tile.consumer_warpgroups + 1) * kMaxListedKeyBlocks / 8;
-}
 
 // Q tiles + stages x (K tile + V tile), plus a little for the mbarriers and the key-block masks
 // (checked against the kernel's SharedStorage by a static_assert in forward_traits.cuh).
