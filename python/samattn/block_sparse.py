@@ -25,7 +25,21 @@ class BlockSparse:
     block_k: int = 128
 
     def to_map(self, seqlen_k: int) -> Tensor:
-        """The (B|1, H|1, query blocks, key blocks) uint8 map the kernels read."""
+        """The (B|1, H|1, query blocks, key blocks) uint8 map the kernels read. Built and
+        checked once per seqlen_k and kept while the tables stay the same tensors with the same
+        version counters (every in-place change bumps them): checking the indices waits for the
+        GPU, so a BlockSparse reused across calls, as FlexAttention's BlockMask is, pays that
+        wait on its first call only."""
+        key = (seqlen_k, self.block_k, self.kv_num_blocks._version, self.kv_indices._version)
+        cached = getattr(self, "_cached_map", None)
+        if (cached is not None and cached[0] is self.kv_num_blocks
+                and cached[1] is self.kv_indices and cached[2] == key):
+            return cached[3]
+        block_map = self._build_map(seqlen_k)
+        self._cached_map = (self.kv_num_blocks, self.kv_indices, key, block_map)
+        return block_map
+
+    def _build_map(self, seqlen_k: int) -> Tensor:
         if self.kv_num_blocks.dtype != torch.int32 or self.kv_indices.dtype != torch.int32:
             raise TypeError("samattn: kv_num_blocks and kv_indices must be int32, got "
                             f"{self.kv_num_blocks.dtype} and {self.kv_indices.dtype}")

@@ -810,6 +810,27 @@ def test_block_sparse_tables_from_mask_and_back():
                 assert (kb in listed) == want
 
 
+def test_block_sparse_map_is_kept_until_the_tables_change():
+    """to_map builds (and checks) the map once per seqlen_k; an in-place change of the tables or
+    a new table tensor gives a new map with the change in it."""
+    bs = samattn.block_sparse.from_map(torch.tensor([[[[1, 0, 1], [0, 1, 0]]]]), 4, 4)
+    first = bs.to_map(12)
+    assert bs.to_map(12) is first
+    assert torch.equal(first[0, 0], torch.tensor([[1, 0, 1], [0, 1, 0]], dtype=torch.uint8))
+    bs.kv_indices[0, 0, 1, 0] = 2  # query block 1 now lists key block 2 instead of 1
+    changed = bs.to_map(12)
+    assert changed is not first
+    assert torch.equal(changed[0, 0], torch.tensor([[1, 0, 1], [0, 0, 1]], dtype=torch.uint8))
+    shorter = bs.to_map(9)
+    assert shorter is not changed and shorter.shape[-1] == 3
+    bs.kv_num_blocks = torch.zeros_like(bs.kv_num_blocks)
+    assert not bs.to_map(12).any()
+    bs.kv_indices = torch.full_like(bs.kv_indices, 7)  # listed nothing: still in range
+    with pytest.raises(ValueError, match="kv_indices must be in"):
+        bs.kv_num_blocks = torch.ones_like(bs.kv_num_blocks)
+        bs.to_map(12)
+
+
 def block_visibility(bs, seqlen_q, seqlen_k):
     """(B|1, H|1, Sq, Sk) boolean expansion of the tables, from FlexAttention's definition."""
     b, h, qb = bs.kv_num_blocks.shape

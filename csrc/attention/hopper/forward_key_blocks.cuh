@@ -86,7 +86,7 @@ __device__ __forceinline__ void request_key_blocks(SharedStorage& shared, const 
 
 // The list warp: one request at a time until told to stop. Per warpgroup, each lane takes key
 // block 32 w + lane of every word w, the loads of kWordsPerRound words go out together (one L2
-// round trip for up to 128 key blocks), and one ballot per word gives its mask; the tile's mask
+// round trip for up to 64 key blocks), and one ballot per word gives its mask; the tile's mask
 // is their union. Key columns map to block map columns by integer division: supports() has
 // block_k a multiple of kBlockN and block_q a multiple of 64, both bounded so that int32 holds
 // them. (The producer warpgroup's few registers allow no more loads in flight.)
