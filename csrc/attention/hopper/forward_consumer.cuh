@@ -143,7 +143,7 @@ __device__ __forceinline__ void consumer_loop(
     if (tile.unit < 0) break;
     const TileCoords c = [&]() {
       if constexpr (kLeanTileStart) {
-        return published_coords(shared.q_tile_coords[q_buffer]);
+        return published_value<TileCoords>(shared.q_tile_coords[q_buffer]);
       } else {
         return tile_coords<Traits::kBlockM, kBlockN>(params.geometry,
                                                      params.schedule.tile(tile.unit, tile.half));

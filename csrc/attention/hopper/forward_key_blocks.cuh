@@ -47,39 +47,13 @@ __device__ __forceinline__ bool is_listed(const uint32_t* words, int block) {
   return (load_shared_word(words + block / 32) >> (block % 32)) & 1u;
 }
 
-// The producer's request (its TMA thread) and the list warp's read of it, ordered by the
-// list barriers like publish_tile's slot.
-__device__ __forceinline__ void publish_list_request(ListRequest& slot, const ListRequest& r) {
-  const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
-  asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(r.b), "r"(r.h),
-               "r"(r.m_begin), "r"(r.rows)
-               : "memory");
-  asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(address + 16), "r"(r.n_first),
-               "r"(r.n_blocks), "r"(r.q_buffer), "r"(0)
-               : "memory");
-}
-
-__device__ __forceinline__ ListRequest read_list_request(const ListRequest& slot) {
-  const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
-  ListRequest r;
-  asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.b), "=r"(r.h), "=r"(r.m_begin), "=r"(r.rows)
-               : "r"(address)
-               : "memory");
-  asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.n_first), "=r"(r.n_blocks), "=r"(r.q_buffer), "=r"(r.unused)
-               : "r"(address + 16)
-               : "memory");
-  return r;
-}
-
 // The producer's side: asks for tile c's masks in Q buffer q_buffer (the `index`-th request of
 // the block) and waits until they are built. q_buffer < 0 tells the list warp to stop.
 template <typename SharedStorage>
 __device__ __forceinline__ void request_key_blocks(SharedStorage& shared, const TileCoords& c,
                                                    int q_buffer, int index) {
-  publish_list_request(shared.list_request, ListRequest{c.b, c.h, c.m_begin, c.rows, c.n_first,
-                                                        c.n_blocks, q_buffer, 0});
+  publish_value(shared.list_request,
+                ListRequest{c.b, c.h, c.m_begin, c.rows, c.n_first, c.n_blocks, q_buffer});
   shared.barrier_list_full.arrive();
   if (q_buffer >= 0) shared.barrier_list_empty.wait(index & 1);
 }
@@ -97,7 +71,7 @@ __device__ __forceinline__ void key_block_list_loop(const detail::ForwardKernelP
   const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int index = 0;; ++index) {
     shared.barrier_list_full.wait(index & 1);
-    const ListRequest r = read_list_request(shared.list_request);
+    const ListRequest r = published_value<ListRequest>(shared.list_request);
     if (r.q_buffer < 0) return;
     KeyBlockMasks<kWarpgroups>& masks = shared.key_blocks[r.q_buffer];
     for (int w = 0; w < kWarpgroups; ++w) {

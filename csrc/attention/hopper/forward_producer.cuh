@@ -107,8 +107,7 @@ __device__ __forceinline__ void producer_loop(
       }
       if (!sparse) q_buffer = acquire_q_buffer();
       publish_tile(shared.q_tile[q_buffer], unit, half);
-      if constexpr (Traits::kTile.lean_tile_start)
-        publish_coords(shared.q_tile_coords[q_buffer], c);
+      if constexpr (Traits::kTile.lean_tile_start) publish_value(shared.q_tile_coords[q_buffer], c);
       shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
       copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
            get<0>(q_copy), get<1>(q_copy)(_, q_buffer));

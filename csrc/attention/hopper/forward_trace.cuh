@@ -51,8 +51,6 @@ struct ForwardTrace {
 };
 
 #if defined(SAMATTN_HOPPER_TRACE)
-inline constexpr bool kForwardTraceEnabled = true;
-
 class TraceWriter {
  public:
   // params: HopperForwardParams (its `trace` member exists only in this build).
@@ -77,8 +75,6 @@ class TraceWriter {
   int left_;
 };
 #else
-inline constexpr bool kForwardTraceEnabled = false;
-
 class TraceWriter {
  public:
   template <typename Params>

@@ -24,11 +24,17 @@ namespace samattn::hopper {
 using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
-// A tile's coordinates as the producer decoded them (ForwardTile::lean_tile_start): 12 words,
-// so that three 16-byte shared-memory accesses carry them (publish_coords).
-struct alignas(16) TileCoordsSlot {
-  int32_t words[12];
+// A shared-memory slot through which one thread hands a value to others (publish_value): whole
+// 16-byte words, so that vector accesses carry it.
+template <int kWords>
+struct alignas(16) PublishedSlot {
+  static_assert(kWords % 4 == 0, "a slot is whole 16-byte words");
+  int32_t words[kWords];
 };
+
+// A lean tile start's coordinates (ForwardTile::lean_tile_start; TileCoords, 11 words), published
+// next to the Q buffer.
+using TileCoordsSlot = PublishedSlot<12>;
 
 // Which key blocks of a tile the block map lists (block-sparse calls): bit n % 32 of word n / 32
 // for key block n (counted from key 0): in `rows[w]` when the map lists it for consumer
@@ -43,9 +49,10 @@ struct KeyBlockMasks {
 
 // What the producer asks the list warp for: tile (b, h) rows [m_begin, m_begin + rows), key
 // blocks [n_first, n_first + n_blocks), into Q buffer q_buffer's masks; q_buffer < 0 ends.
-struct alignas(16) ListRequest {
-  int32_t b, h, m_begin, rows, n_first, n_blocks, q_buffer, unused;
+struct ListRequest {
+  int32_t b, h, m_begin, rows, n_first, n_blocks, q_buffer;
 };
+using ListRequestSlot = PublishedSlot<8>;
 
 // kVariant: the entry of forward_config.h's tile table for kHeadDim.
 template <typename Element, int kHeadDim, int kVariant>
@@ -122,7 +129,7 @@ struct KernelTraits {
     // blocks the block map lists for the tile in each Q buffer (KeyBlockMasks), which the list
     // warp builds at the producer's request (list_request; full: asked, empty: built).
     KeyBlockMasks<kConsumerWarpgroups> key_blocks[kQBuffers];
-    ListRequest list_request;
+    ListRequestSlot list_request;
     cutlass::arch::ClusterBarrier barrier_list_full;
     cutlass::arch::ClusterBarrier barrier_list_empty;
   };
@@ -234,35 +241,38 @@ struct TileCoords {
   int32_t n_blocks;  // key blocks n_first, n_first + 1, ...: walked from the last to the first
 };
 
-static_assert(sizeof(TileCoords) <= sizeof(TileCoordsSlot), "TileCoordsSlot holds TileCoords");
-
-// A lean tile start's coordinates, published and read like publish_tile's unit (same barrier,
-// same memory clobbers), as 16-byte words.
-__device__ __forceinline__ void publish_coords(TileCoordsSlot& slot, const TileCoords& c) {
-  int32_t w[12] = {};
-  memcpy(w, &c, sizeof(c));
+// A value published through a slot like publish_tile's unit: stored before the writer's arrival
+// on a barrier and loaded after the readers' wait on it, with the same memory clobbers, one
+// 16-byte word at a time.
+template <int kWords, typename T>
+__device__ __forceinline__ void publish_value(PublishedSlot<kWords>& slot, const T& value) {
+  static_assert(sizeof(T) <= sizeof(slot.words), "the slot holds the value");
+  int32_t w[kWords] = {};
+  memcpy(w, &value, sizeof(value));
   const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
   CUTE_UNROLL
-  for (int i = 0; i < 12; i += 4) {
+  for (int i = 0; i < kWords; i += 4) {
     asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(address + 4 * i), "r"(w[i]),
                  "r"(w[i + 1]), "r"(w[i + 2]), "r"(w[i + 3])
                  : "memory");
   }
 }
 
-__device__ __forceinline__ TileCoords published_coords(const TileCoordsSlot& slot) {
-  int32_t w[12];
+template <typename T, int kWords>
+__device__ __forceinline__ T published_value(const PublishedSlot<kWords>& slot) {
+  static_assert(sizeof(T) <= sizeof(slot.words), "the slot holds the value");
+  int32_t w[kWords];
   const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
   CUTE_UNROLL
-  for (int i = 0; i < 12; i += 4) {
+  for (int i = 0; i < kWords; i += 4) {
     asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
                  : "r"(address + 4 * i)
                  : "memory");
   }
-  TileCoords c;
-  memcpy(&c, w, sizeof(c));
-  return c;
+  T value;
+  memcpy(&value, w, sizeof(value));
+  return value;
 }
 
 // Where sequence b lives: its first q/out and k/v rows and its lengths. A dense batch: 0, 0 and
