@@ -493,6 +493,21 @@ std::vector<TcMaskCase> hopper_window_cases() {
   };
 }
 
+// Problem pb with its host masks (possibly none) forced onto the Hopper forward, after checking
+// that the default dispatch takes the same path, against the reference.
+void check_hopper_forward(Problem& pb, const HostMasks& masks, const std::string& name) {
+  bind_host_masks(pb.params, masks);
+  const HostTensor ref = pb.reference(/*with_lse=*/true);
+  const HostTensor rounded = rounded_forward(pb);
+
+  DeviceRun dev(pb, masks, false);
+  dev.params.backend = Backend::kHopper;
+  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
+  dev.params.backend = Backend::kAuto;  // the default dispatch takes the same path
+  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
+  run_forward_and_check(dev, pb, ref, rounded, name);
+}
+
 class MaskHopper : public ::testing::TestWithParam<std::tuple<TcMaskCase, DType>> {};
 
 TEST_P(MaskHopper, WindowForwardMatchesReference) {
@@ -500,15 +515,7 @@ TEST_P(MaskHopper, WindowForwardMatchesReference) {
   const auto& [c, dtype] = GetParam();
   Problem pb(c.shape, dtype, false, std::hash<std::string>{}(c.name));
   apply_options(c, pb.params);
-  const HostTensor ref = pb.reference(/*with_lse=*/true);
-  const HostTensor rounded = rounded_forward(pb);
-
-  DeviceRun dev(pb, HostMasks{}, false);
-  dev.params.backend = Backend::kHopper;
-  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
-  dev.params.backend = Backend::kAuto;  // the default dispatch takes the same path
-  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
-  run_forward_and_check(dev, pb, ref, rounded, c.name);
+  check_hopper_forward(pb, HostMasks{}, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopper,
@@ -555,16 +562,7 @@ TEST_P(MaskHopperBlockMap, ForwardMatchesReference) {
       masks.map[pb.params.mask.block_row_stride + j] = 0;
     }
   }
-  bind_host_masks(pb.params, masks);
-  const HostTensor ref = pb.reference(/*with_lse=*/true);
-  const HostTensor rounded = rounded_forward(pb);
-
-  DeviceRun dev(pb, masks, false);
-  dev.params.backend = Backend::kHopper;
-  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
-  dev.params.backend = Backend::kAuto;
-  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
-  run_forward_and_check(dev, pb, ref, rounded, c.name);
+  check_hopper_forward(pb, masks, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
