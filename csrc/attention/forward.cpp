@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attention/fixed_pattern.h"
 #include "attention/hopper/forward_launch.h"
 #include "attention/kernel_params.h"
 #include "attention/simt/forward_launch.h"
@@ -25,7 +26,10 @@ bool simt_forced_by_environment() {
 
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
-  const bool hopper_ok = params.backend != Backend::kTensorCore && hopper::supports(params).ok();
+  // The fixed pattern runs mostly on the Hopper forward through its decomposition.
+  const bool hopper_ok =
+      params.backend != Backend::kTensorCore &&
+      (hopper::supports(params).ok() || detail::fixed_decomposition_status(params).ok());
   if (params.backend == Backend::kHopper && (hopper_ok || !params.mask.any())) {
     SAMATTN_CHECK(hopper_ok, hopper::supports(params).message());
     return Backend::kHopper;
@@ -43,7 +47,18 @@ Backend select_backend(const AttentionParams& params) {
 }
 
 size_t attention_forward_workspace_bytes(const AttentionParams& params) {
-  return params.backend == Backend::kSimt ? 0 : detail::strided_forward_workspace_bytes(params);
+  switch (params.mask.pattern) {
+    case SparsePattern::kStrided:
+      return params.backend == Backend::kSimt ? 0 : detail::strided_forward_workspace_bytes(params);
+    case SparsePattern::kFixed:  // when select_backend picks the Hopper forward for it
+      return params.backend == Backend::kSimt || params.backend == Backend::kTensorCore ||
+                     simt_forced_by_environment()
+                 ? 0
+                 : detail::fixed_forward_workspace_bytes(params);
+    case SparsePattern::kNone:
+      break;
+  }
+  return 0;
 }
 
 namespace {
@@ -79,6 +94,17 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   const Backend backend = select_backend(params);
   if (params.mask.is_varlen() && backend == Backend::kSimt) {
     simt_varlen_forward(params, stream);
+    return;
+  }
+  // The fixed pattern's decomposition, when its workspace was given (without one the fixed
+  // pattern runs on the tensor-core masked kernel).
+  if (backend == Backend::kHopper && params.mask.pattern == SparsePattern::kFixed) {
+    if (params.workspace != nullptr) {
+      detail::fixed_forward(params, stream);
+    } else {
+      tensor_core::dispatch_forward(params.dtype, detail::make_forward_kernel_params(params),
+                                    stream);
+    }
     return;
   }
   // The strided pattern's decomposition, when its workspace (if it needs one) was given.

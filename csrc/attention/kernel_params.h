@@ -71,6 +71,12 @@ struct ForwardKernelParams {
   const float* prior_out;
   const float* prior_lse;
   int64_t prior_rows_begin;
+
+  // Read by the Hopper forward only (0 elsewhere): with staircase_keys > 0, a causal call's
+  // query i sees the logical keys n < (i / staircase_rows) * staircase_keys instead of those with
+  // n * kv_stride <= i (the fixed pattern's summary part, attention/fixed_pattern.h). The Hopper
+  // forward also honours out_is_float (the output then leaves from registers).
+  int64_t staircase_rows, staircase_keys;
 };
 
 // True when a call needs the tensor-core masked kernel: any mask option, varlen, a prior part,

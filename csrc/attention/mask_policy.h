@@ -176,10 +176,12 @@ SAMATTN_HOST_DEVICE BlockClass classify_block(const MaskPolicy& p, int64_t q0, i
       if (band_full && bq0 == bq1 && bk0 == bk1 && bq0 == bk0) return BlockClass::kFull;
       // Some key in the same block as some query (within the band), or a summary column?
       const bool shares_block = bk1 >= bq0 && bk0 <= bq1;
-      // A summary column in [ka, kb]: a j with j % block >= block - summary.
+      // A summary column in [ka, kb]: a j with j % block >= block - summary. (Summary 0, the
+      // own blocks alone, is the decomposition's local part: fixed_pattern.h.)
       const int64_t first_summary_in_block = bk0 * p.block + p.block - p.summary;
-      const bool has_summary = kb - ka + 1 >= p.block || first_summary_in_block <= kb ||
-                               (ka % p.block) >= p.block - p.summary;
+      const bool has_summary =
+          p.summary > 0 && (kb - ka + 1 >= p.block || first_summary_in_block <= kb ||
+                            (ka % p.block) >= p.block - p.summary);
       return (shares_block || has_summary) ? BlockClass::kPartial : BlockClass::kSkip;
     }
   }

@@ -48,7 +48,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     sparse pattern, a window, block_sparse whose block_q is a multiple of 64 and block_k of its
     key block (128; 80 at head dim 256) up to 64k keys, and varlen_attention's packed batches:
     such calls run the Hopper forward on compute capability 9.0) and on SIMT otherwise;
-    "tensor_core" raises, naming the reason, when the tensor cores cannot run the call.
+    "tensor_core" raises, naming the reason, when the tensor cores cannot run the call. The
+    "fixed" sparse pattern (without window, kv_stride, attn_mask or block_sparse) runs there as
+    a decomposition: its summary columns gathered into one call of the Hopper forward, its own
+    blocks on the tensor-core masked kernel, merged in one softmax ("auto" or "hopper").
 
     Masks (all combine with causal and kv_stride; a key is visible when every option allows it):
     attn_mask: boolean (True = attend, SDPA's meaning) or additive float (bool, float32 or q's

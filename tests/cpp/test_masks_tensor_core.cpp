@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/fixed_pattern.h"
 #include "attention/hopper/forward_launch.h"
 #include "backward_rounding_model.h"
 #include "reference/reference_mask.h"
@@ -569,6 +570,96 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
                          ::testing::Combine(::testing::ValuesIn(hopper_block_map_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
                          case_and_dtype_name);
+
+// The fixed pattern's decomposition on the Hopper forward (attention/fixed_pattern.h): the
+// summary columns gathered and run as one staircase call with an fp32 output, the own blocks on
+// the masked kernel merging it. Taken by the default dispatch when the workspace is given;
+// without it the same call runs on the masked kernel alone. Pattern blocks longer and shorter
+// than the kernels' tiles (so tiles span several, and 192-row head-dim-64 tiles cut them), GQA,
+// (B, S, H, D) layouts, Sq > Sk (rows whose own block lies past the keys see only summary
+// columns), Sq < Sk, c = l (every column a summary column) and l = 1, every head dim.
+struct HopperFixedCase {
+  std::string name;
+  Shape shape;
+  int64_t block, summary;
+  bool seq_major = false;
+};
+
+std::vector<HopperFixedCase> hopper_fixed_cases() {
+  return {
+      {"l128_c16_d128", {1, 2, 2, 1000, 1000, 128, 128}, 128, 16},
+      {"l64_c8_gqa_d64", {2, 8, 2, 777, 777, 64, 64}, 64, 8},
+      {"l200_c24_seq_major_d64", {2, 2, 1, 900, 900, 64, 64}, 200, 24, true},
+      {"sq_gt_sk_d128", {1, 2, 2, 600, 333, 128, 128}, 100, 10},
+      {"sq_lt_sk_d64", {1, 2, 2, 300, 700, 64, 64}, 96, 32},
+      {"full_summary_d256", {1, 2, 1, 400, 400, 256, 256}, 50, 50},
+      {"l1_d128", {1, 1, 1, 130, 130, 128, 128}, 1, 1},
+  };
+}
+
+void PrintTo(const HopperFixedCase& c, std::ostream* os) { *os << c.name; }
+
+class MaskHopperFixed : public ::testing::TestWithParam<std::tuple<HopperFixedCase, DType>> {};
+
+TEST_P(MaskHopperFixed, DecompositionMatchesReference) {
+  SKIP_WITHOUT_HOPPER();
+  const auto& [c, dtype] = GetParam();
+  Problem pb(c.shape, dtype, c.seq_major, std::hash<std::string>{}(c.name));
+  pb.params.mask.pattern = SparsePattern::kFixed;
+  pb.params.mask.pattern_block = c.block;
+  pb.params.mask.pattern_summary = c.summary;
+  const HostTensor ref = pb.reference(/*with_lse=*/true);
+  const HostTensor rounded = rounded_forward(pb);
+
+  DeviceRun dev(pb, HostMasks{}, false);
+  dev.params.backend = Backend::kAuto;
+  ASSERT_TRUE(detail::fixed_decomposition_status(dev.params).ok())
+      << detail::fixed_decomposition_status(dev.params).message();
+  ASSERT_EQ(select_backend(dev.params), Backend::kHopper);
+  const size_t bytes = attention_forward_workspace_bytes(dev.params);
+  ASSERT_GT(bytes, 0u);
+  DeviceBuffer workspace(bytes);
+  ASSERT_EQ(cudaMemset(workspace.get(), 0xff, bytes), cudaSuccess);  // poisoned, as the outputs
+  dev.params.workspace = workspace.get();
+  run_forward_and_check(dev, pb, ref, rounded, c.name);
+
+  // No workspace: the masked kernel alone, under the same bound (outputs poisoned again).
+  dev.out.upload(pb.out);
+  ASSERT_EQ(cudaMemset(dev.lse.get(), 0xff, pb.lse.size() * sizeof(float)), cudaSuccess);
+  dev.params.workspace = nullptr;
+  run_forward_and_check(dev, pb, ref, rounded, c.name + " without workspace");
+}
+
+INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperFixed,
+                         ::testing::Combine(::testing::ValuesIn(hopper_fixed_cases()),
+                                            ::testing::Values(DType::kFloat16, DType::kBFloat16)),
+                         case_and_dtype_name);
+
+// The decomposition declines what it cannot run, with the reason; those calls stay on the masked
+// kernel.
+TEST(MaskHopperDispatch, FixedPatternsTheDecompositionCannotRunStayOnTheMaskedKernel) {
+  SKIP_WITHOUT_HOPPER();
+  struct Declined {
+    int64_t seqlen_q, kv_stride, window_left, head_dim;
+    const char* reason;
+  };
+  for (const Declined& d :
+       {Declined{300, 2, -1, 64, "kv_stride"}, Declined{300, 1, 90, 64, "window"},
+        Declined{100, 1, -1, 64, "no summary part"}, Declined{300, 1, -1, 96, "head_dim 96"}}) {
+    Problem pb({1, 2, 2, d.seqlen_q, 300, d.head_dim, d.head_dim}, DType::kBFloat16, false, 9);
+    pb.params.kv_stride = d.kv_stride;
+    pb.params.mask.window_left = d.window_left;
+    pb.params.mask.pattern = SparsePattern::kFixed;
+    pb.params.mask.pattern_block = 128;
+    pb.params.mask.pattern_summary = 16;
+    DeviceRun dev(pb, HostMasks{}, false);
+    dev.params.backend = Backend::kAuto;
+    EXPECT_EQ(select_backend(dev.params), Backend::kTensorCore) << d.reason;
+    EXPECT_EQ(attention_forward_workspace_bytes(dev.params), 0u) << d.reason;
+    const std::string why = detail::fixed_decomposition_status(dev.params).message();
+    EXPECT_NE(why.find(d.reason), std::string::npos) << why;
+  }
+}
 
 // Block maps the Hopper forward cannot walk stay on the tensor-core masked kernel, each with the
 // reason: map rows that split a warpgroup's 64 rows, map columns that split a key block, an

@@ -917,6 +917,36 @@ def test_gpu_block_sparse(dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape,block,summary,seq_major", [
+    ((1, 4, 2, 1000, 1000, 128), 128, 16, False),
+    ((2, 2, 2, 700, 900, 64), 100, 20, True)])
+def test_gpu_fixed_pattern_decomposition_on_hopper(dtype, shape, block, summary, seq_major):
+    """On compute capability 9.0 the fixed pattern runs as its decomposition: the summary columns
+    gathered into one staircase call on the Hopper forward, the own blocks on the masked kernel
+    merging it. Against the reference and against the masked kernel forced on the same call
+    (both within the tensor-core rule, lse equal to fp32 arithmetic); gradients through the
+    masked backward from the decomposition's output and lse."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("no compute capability 9.0 GPU")
+    q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", seed=49,
+                       layout="bshd" if seq_major else "bhsd")
+    gen = torch.Generator().manual_seed(50)
+    options = dict(sparse_pattern="fixed", sparse_block=block, sparse_summary=summary)
+    assert samattn.selected_backend(q, k, v, **options) == "hopper"
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = samattn.attention(q, k, v, return_lse=True, **options)
+    check_forward(out, lse, q, k, v, options)
+    forced, forced_lse = samattn.attention(q, k, v, return_lse=True, backend="tensor_core",
+                                           **options)
+    check_forward(forced, forced_lse, q, k, v, options, backend="tensor_core")
+    assert torch.allclose(lse, forced_lse, rtol=1e-5, atol=1e-5)
+    dout = torch.randn(out.shape, generator=gen).to("cuda", dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_gradients(grads, q, k, v, out, dout, options)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("shape,causal,block_q", [((1, 4, 2, 1000, 1000, 128), True, 128),
                                                   ((2, 2, 2, 700, 900, 64), False, 64)])
 def test_gpu_block_sparse_on_hopper(dtype, shape, causal, block_q):

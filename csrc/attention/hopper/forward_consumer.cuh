@@ -111,9 +111,10 @@ __device__ __forceinline__ void consumer_loop(
   // launch bound ptxas spilled 64 bytes. supports() has required TMA-compatible O strides.
   constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups == 2;
   // A varlen tile's last rows belong to the next sequence, which a TMA store (clipped only at
-  // the tensor's end) would overwrite: varlen stores from registers, row by row.
-  const bool stage_o =
-      kCanStageO && params.options.staged_store && params.geometry.cu_seqlens_q == nullptr;
+  // the tensor's end) would overwrite: varlen stores from registers, row by row, as does an fp32
+  // output (the fixed pattern's summary part).
+  const bool stage_o = kCanStageO && params.options.staged_store &&
+                       params.geometry.cu_seqlens_q == nullptr && !p.out_is_float;
   // The named barrier of warpgroup w's staged output, after the turns' ids.
   const int stage_o_barrier = kFirstTurnBarrier + Traits::kConsumerWarpgroups + warpgroup;
   const bool stores_o = tid % 128 == 0;  // the thread that issues its warpgroup's TMA store
@@ -345,8 +346,8 @@ __device__ __forceinline__ void consumer_loop(
     // The tile's first row in the (packed) tensor. The sequence's offset is read again rather
     // than kept in a register through the key loop (kept, it spilled at head dims 128, 256).
     const int64_t first_row = int64_t{sequence_span(params.geometry, c.b).q_row0} + c.m_begin;
-    Element* out = static_cast<Element*>(p.out) + int64_t{c.b} * p.o_batch_stride +
-                   int64_t{c.h} * p.o_head_stride + first_row * p.o_row_stride;
+    const int64_t out_offset = int64_t{c.b} * p.o_batch_stride + int64_t{c.h} * p.o_head_stride +
+                               first_row * p.o_row_stride;
     // Accumulator pair (i, i + 1) normalised and rounded to the output type.
     auto output_pair = [&](int i) {
       const float scale = inverse[(i / 2) % 2];
@@ -389,12 +390,22 @@ __device__ __forceinline__ void consumer_loop(
       stored_q_buffer = q_buffer;
       trace(TraceEvent::kOStoreIssued, tile_iteration, 0);
     } else {
+      // Pair by pair from registers, in the element type or (p.out_is_float) in fp32. One loop
+      // with the choice per store: two loops, one per type, spilled 440 bytes at head dim 64
+      // (three consumer warpgroups, whose output always leaves this way).
+      const int64_t out_bytes = p.out_is_float ? sizeof(float) : sizeof(Element);
+      char* out = static_cast<char*>(p.out) + out_offset * out_bytes;
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); i += 2) {
         const int row = get<0>(tOcO(i));
         if (row < c.rows) {
-          *reinterpret_cast<uint32_t*>(out + row * p.o_row_stride + get<1>(tOcO(i))) =
-              output_pair(i);
+          char* pair = out + (row * p.o_row_stride + get<1>(tOcO(i))) * out_bytes;
+          if (p.out_is_float) {
+            const float scale = inverse[(i / 2) % 2];
+            *reinterpret_cast<float2*>(pair) = make_float2(tOrO(i) * scale, tOrO(i + 1) * scale);
+          } else {
+            *reinterpret_cast<uint32_t*>(pair) = output_pair(i);
+          }
         }
       }
     }

@@ -64,8 +64,9 @@ Status supports(const AttentionParams& p) {
   const MaskOptions& m = p.mask;
   if (m.has_element_mask() || m.pattern != SparsePattern::kNone) {
     return unsupported(
-        "attn_mask and sparse patterns (they run on the tensor-core masked or SIMT kernels; a "
-        "sliding window, varlen and block maps run here)");
+        "attn_mask and sparse patterns in one kernel (they run on the tensor-core masked or SIMT "
+        "kernels; a sliding window, varlen and block maps run here, and the fixed pattern's "
+        "summary part through its decomposition, attention/fixed_pattern.h)");
   }
   // A window's key range, a varlen sequence's first key row and a block map's columns are
   // kept-key positions only with kv_stride 1 (a varlen sequence may start at any row of the

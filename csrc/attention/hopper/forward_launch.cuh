@@ -143,13 +143,26 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
                    : detail_launch::gmem_tensor<const Element>(p.v, k_rows, kHeadDim, heads_kv,
                                                                tensor_batch, p.v_row_stride,
                                                                p.v_head_stride, p.v_batch_stride);
-  auto out = detail_launch::gmem_tensor<Element>(p.out, q_rows, kHeadDim, p.heads_q, tensor_batch,
-                                                 p.o_row_stride, p.o_head_stride, p.o_batch_stride);
+  // An fp32 output leaves from registers (forward_consumer.cuh): the store descriptor, never
+  // used, then describes q.
+  auto out =
+      p.out_is_float
+          ? detail_launch::gmem_tensor<Element>(p.q, q_rows, kHeadDim, p.heads_q, tensor_batch,
+                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride)
+          : detail_launch::gmem_tensor<Element>(p.out, q_rows, kHeadDim, p.heads_q, tensor_batch,
+                                                p.o_row_stride, p.o_head_stride, p.o_batch_stride);
+  // Causal's key end per row (TileGeometry::causal_key_step): n * kv_stride <= i, or the
+  // staircase of the fixed pattern's summary part.
+  const bool staircase = p.staircase_keys > 0;
+  const int64_t rows_per_step =
+      staircase ? p.staircase_rows : std::min(p.kv_stride, std::max<int64_t>(p.seqlen_q, 1));
   // supports() has bounded every extent by 2^31 - 1.
   const TileGeometry geometry{
       static_cast<int32_t>(p.seqlen_q),
       static_cast<int32_t>(p.kept_keys),
-      static_cast<int32_t>(std::min(p.kv_stride, std::max<int64_t>(p.seqlen_q, 1))),
+      static_cast<int32_t>(rows_per_step),
+      static_cast<int32_t>(staircase ? p.staircase_keys : 1),
+      staircase ? 0 : 1,
       static_cast<int32_t>(p.heads_q),
       static_cast<int32_t>(p.group_size),
       p.causal,

@@ -171,6 +171,12 @@ struct TileGeometry {
   int32_t seqlen_q;
   int32_t kept_keys;  // logical keys (positions 0, kv_stride, 2 kv_stride, ...)
   int32_t kv_stride;  // capped at seqlen_q: a larger stride hides the same keys
+  // Causal: query row i sees the logical keys n < (i / kv_stride) * causal_key_step +
+  // causal_key_bias. Step 1 and bias 1 are n * kv_stride <= i. The fixed pattern's summary part
+  // (fixed_pattern.h) has l in kv_stride, step c and bias 0: row i sees the c summary columns of
+  // each pattern block before its own, gathered into consecutive keys.
+  int32_t causal_key_step;
+  int32_t causal_key_bias;
   int32_t heads_q;
   int32_t group_size;  // heads_q / heads_kv
   bool causal;
@@ -305,10 +311,15 @@ __device__ __forceinline__ TileGeometry sequence_geometry(const TileGeometry& ca
   return sequence_geometry(call, sequence_span(call, b));
 }
 
+// One past the last logical key that causal lets query row `row` see (not clipped to the keys).
+__device__ __forceinline__ int32_t causal_key_end(const TileGeometry& g, int32_t row) {
+  return row / g.kv_stride * g.causal_key_step + g.causal_key_bias;
+}
+
 // One past the last logical key query row `row` (< seqlen_q) sees: key n is visible to query i
-// iff n < kept_keys and, when causal, n * kv_stride <= i. Without a window.
+// iff n < kept_keys and, when causal, n < causal_key_end(i). Without a window.
 __device__ __forceinline__ int32_t row_key_end(const TileGeometry& g, int32_t row) {
-  return g.causal ? min(row / g.kv_stride + 1, g.kept_keys) : g.kept_keys;
+  return g.causal ? min(causal_key_end(g, row), g.kept_keys) : g.kept_keys;
 }
 
 // The logical keys [begin, end) query row `row` (< seqlen_q) sees with the window (both ends
@@ -340,9 +351,9 @@ __device__ __forceinline__ int32_t first_masked_key_block(const TileGeometry& g,
   }
   int32_t first = g.kept_keys / kBlockN;
   if (g.causal) {
-    // (n + 1) * kBlockN - 1 > row / kv_stride (floored)  <=>  n >= (that + 1) / kBlockN.
+    // (n + 1) * kBlockN > causal_key_end(row)  <=>  n >= causal_key_end(row) / kBlockN.
     const int32_t row = min(first_row, g.seqlen_q - 1);
-    first = min(first, (row / g.kv_stride + 1) / kBlockN);
+    first = min(first, causal_key_end(g, row) / kBlockN);
   }
   return first;
 }

@@ -64,9 +64,11 @@ struct AttentionParams {
   Backend backend = Backend::kAuto;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
-  // bytes, aligned to 256 bytes, owned by the caller. Only the Sparse Transformer "strided"
-  // pattern uses it (its residue classes run as dense views whose fp32 output and lse are merged
-  // into the band's softmax); without it that pattern still runs, masking element by element.
+  // bytes, aligned to 256 bytes, owned by the caller. Only the Sparse Transformer patterns use
+  // it: "strided" (its residue classes run as dense views whose fp32 output and lse are merged
+  // into the band's softmax) and, on the Hopper forward, "fixed" (its summary columns are
+  // gathered and run as one dense call, merged into the own blocks' softmax); without it both
+  // still run, masking element by element on the tensor-core kernels.
   void* workspace = nullptr;
 };
 
@@ -80,7 +82,8 @@ double default_softmax_scale(int64_t head_dim);
 Status can_implement(const AttentionParams& params);
 
 // Bytes of device workspace attention_forward can use for `params` (0 for most calls; see
-// AttentionParams::workspace). Depends only on the shapes, dtype and options.
+// AttentionParams::workspace). Depends on the shapes, dtype and options and on the current
+// device (whether the Hopper forward runs the call).
 size_t attention_forward_workspace_bytes(const AttentionParams& params);
 
 // Runs attention on `stream`. Pointers are device pointers. Throws samattn::Error on invalid
