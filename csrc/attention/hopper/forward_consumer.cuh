@@ -55,6 +55,7 @@ __device__ __forceinline__ void consumer_loop(
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
+  constexpr bool kOverlapNextTile = Traits::kTile.overlap_next_tile;
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -132,123 +133,79 @@ __device__ __forceinline__ void consumer_loop(
   // Lane 0 of the trace is the producer; consumer warpgroup w is lane w + 1.
   TraceWriter trace(params, warpgroup + 1, tid % 128 == 0);
   typename Traits::PipelineState state;
-  int tile_iteration = 0;
   turn.start();
 
-  // The producer's order: tile i is in Q buffer i % kQBuffers (publish_tile).
-  for (;; ++tile_iteration) {
-    const int q_buffer = tile_iteration % Traits::kQBuffers;
-    shared.barrier_q_full[q_buffer].wait((tile_iteration / Traits::kQBuffers) & 1);
-    trace(TraceEvent::kQLanded, tile_iteration, q_buffer);
-    const ScheduledTile tile = published_tile(shared.q_tile[q_buffer]);
-    if (tile.unit < 0) break;
-    const TileCoords c = [&]() {
-      if constexpr (kLeanTileStart) {
-        return published_value<TileCoords>(shared.q_tile_coords[q_buffer]);
-      } else {
-        return tile_coords<Traits::kBlockM, kBlockN>(params.geometry,
-                                                     params.schedule.tile(tile.unit, tile.half));
-      }
-    }();
-    trace(TraceEvent::kTileStart, tile_iteration, c.n_blocks);
-    // Tile c's sequence (see sequence_geometry: read where needed, not kept).
-    auto geometry = [&]() { return sequence_geometry(params.geometry, c.b); };
+  // One tile as this warpgroup works on it. The producer's order: tile i is in Q buffer
+  // i % kQBuffers (publish_tile).
+  struct TileState {
+    int iteration, q_buffer;
+    TileCoords c;
     // The key blocks whose scores need masking: from first_masked_block up, and below
-    // first_unclipped_block (found under the tile's first GEMM with a lean tile start).
-    int first_masked_block = 0, first_unclipped_block = 0;
-    auto find_masked_blocks = [&]() {
-      first_masked_block =
-          first_masked_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row);
-      first_unclipped_block =
-          first_unclipped_key_block<kBlockN>(geometry(), c.m_begin + warpgroup_first_row + 63);
-    };
-    if constexpr (!kLeanTileStart) find_masked_blocks();
-    // The tile's key blocks (all of [n_first, n_first + n_blocks), or the listed ones) and the
-    // next one down, from one past the last.
-    const auto& key_masks = shared.key_blocks[q_buffer];
-    auto next_key_block = [&](int block) {
-      return sparse ? listed_below(key_masks.tile, block) : block - 1;
-    };
-    auto hidden_block = [&](int block) {
-      return sparse && !is_listed(key_masks.rows[warpgroup], block);
-    };
+    // first_unclipped_block.
+    int first_masked_block, first_unclipped_block;
+    int tile_blocks;    // the key blocks the tile walks (all of them, or the listed ones)
+    int own_end_block;  // one past the last key block this warpgroup's rows see
+    int own_blocks;     // how many of the walked blocks this warpgroup computes
+    int key_block;      // the first (highest) of them, whose S GEMM start_tile issues
+  };
+  TileState cur{};
+  // Tile t's sequence (see sequence_geometry: read where needed, not kept).
+  auto geometry = [&](const TileState& t) { return sequence_geometry(params.geometry, t.c.b); };
+  // The tile's key blocks (all of [n_first, n_first + n_blocks), or the listed ones) and the
+  // next one down, from one past the last.
+  auto next_key_block = [&](const TileState& t, int block) {
+    return sparse ? listed_below(shared.key_blocks[t.q_buffer].tile, block) : block - 1;
+  };
+  auto hidden_block = [&](int block) {
+    return sparse && !is_listed(shared.key_blocks[cur.q_buffer].rows[warpgroup], block);
+  };
 
-    // Scores of key block n_block (counted from key 0, in tSrS) -> probabilities; rescale as in
-    // RowSoftmax. hidden: the block map does not list the block for this warpgroup's rows.
-    auto softmax_block = [&](int n_block, bool hidden, float(&rescale)[2]) {
-      const bool needs_mask =
-          hidden || n_block >= first_masked_block || n_block < first_unclipped_block;
-      if (!needs_mask && fuse_scale) {
-        constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
-        if constexpr (kFmaShare > 0) {
-          if (params.options.exp2_on_fma) {
-            softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
-            return;
-          }
-        }
-        softmax.update<0>(tSrS, scale_log2, rescale);
-        return;
-      }
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-      const TileGeometry g = geometry();
-      if (needs_mask && g.windowed) {
-        int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-          const detail::Span span = window_key_span(g, row);
-          const int64_t block_begin = int64_t{n_block} * kBlockN;
-          low[r] =
-              static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
-          limit[r] = hidden ? 0
-                            : static_cast<int>(
-                                  max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
-        }
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) {
-          const int column = get<1>(tScS(i));
-          if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
-        }
-      } else if (needs_mask) {
-        int limit[2];
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const int row = min(c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-          limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
-        }
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) {
-          if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
-        }
-      }
-      softmax.update<0>(tSrS, 1.f, rescale);
-    };
-    auto convert_p = [&]() {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS) / 2; ++i) {
-        p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
-      }
-    };
+  // The key blocks of tile t whose scores need masking (found under the tile's first GEMM with a
+  // lean tile start).
+  auto find_masked_blocks = [&](TileState& t) {
+    t.first_masked_block =
+        first_masked_key_block<kBlockN>(geometry(t), t.c.m_begin + warpgroup_first_row);
+    t.first_unclipped_block =
+        first_unclipped_key_block<kBlockN>(geometry(t), t.c.m_begin + warpgroup_first_row + 63);
+  };
 
-    softmax.reset();
-    auto& q_empty = shared.barrier_q_empty[q_buffer];
-    Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-    const int tile_blocks =
-        sparse ? count_listed_below(key_masks.tile, c.n_first + c.n_blocks) : c.n_blocks;
+  // Waits for tile `iteration`'s Q and returns false at the end of the block's work; otherwise
+  // reads the tile and counts the key blocks it walks and this warpgroup computes.
+  auto open_tile = [&](int iteration, TileState& t) {
+    t.iteration = iteration;
+    t.q_buffer = iteration % Traits::kQBuffers;
+    shared.barrier_q_full[t.q_buffer].wait((iteration / Traits::kQBuffers) & 1);
+    trace(TraceEvent::kQLanded, iteration, t.q_buffer);
+    const ScheduledTile tile = published_tile(shared.q_tile[t.q_buffer]);
+    if (tile.unit < 0) return false;
+    if constexpr (kLeanTileStart) {
+      t.c = published_value<TileCoords>(shared.q_tile_coords[t.q_buffer]);
+    } else {
+      t.c = tile_coords<Traits::kBlockM, kBlockN>(params.geometry,
+                                                  params.schedule.tile(tile.unit, tile.half));
+    }
+    const TileCoords& c = t.c;
+    trace(TraceEvent::kTileStart, iteration, c.n_blocks);
+    if constexpr (!kLeanTileStart) find_masked_blocks(t);
+    const uint32_t* tile_mask = shared.key_blocks[t.q_buffer].tile;
+    t.tile_blocks = sparse ? count_listed_below(tile_mask, c.n_first + c.n_blocks) : c.n_blocks;
+    t.own_end_block =
+        c.n_first + warpgroup_key_blocks<kBlockN>(geometry(t), c, c.m_begin + warpgroup_first_row);
+    t.own_blocks =
+        sparse ? count_listed_below(tile_mask, t.own_end_block) : t.own_end_block - c.n_first;
+    return true;
+  };
 
-    // The tile's highest key blocks may lie past every diagonal (or window end) of this
-    // warpgroup's rows, and a warpgroup whose rows all lie past the sequence's end sees none:
-    // it passes those stages on without a GEMM (192-row tiles of 128-key blocks at causal
-    // S = 1k: a quarter of the GEMMs). It still waits for each stage to land, so that its
-    // release can only complete the phase the stage is in, and it keeps every turn of the tile
-    // (one per block after the first), so the turns of all warpgroups stay in step.
-    const int own_end_block =
-        c.n_first + warpgroup_key_blocks<kBlockN>(geometry(), c, c.m_begin + warpgroup_first_row);
-    const int own_blocks =
-        sparse ? count_listed_below(key_masks.tile, own_end_block) : own_end_block - c.n_first;
-    const int idle_turns = tile_blocks - max(own_blocks, 1);
-    for (int skipped = 0; skipped < tile_blocks - own_blocks; ++skipped) {
+  // The tile's highest key blocks may lie past every diagonal (or window end) of this
+  // warpgroup's rows, and a warpgroup whose rows all lie past the sequence's end sees none: it
+  // passes those stages on without a GEMM (192-row tiles of 128-key blocks at causal S = 1k: a
+  // quarter of the GEMMs). It still waits for each stage to land, so that its release can only
+  // complete the phase the stage is in, and it keeps every turn of the tile (one per block after
+  // the first), so the turns of all warpgroups stay in step. Then, if it sees any block, it waits
+  // for the first one's K and issues the tile's first S GEMM.
+  auto start_tile = [&](TileState& t) {
+    const int idle_turns = t.tile_blocks - max(t.own_blocks, 1);
+    for (int skipped = 0; skipped < t.tile_blocks - t.own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);
       pipeline_k.consumer_release(state);
       pipeline_v.consumer_wait(state);
@@ -259,84 +216,85 @@ __device__ __forceinline__ void consumer_loop(
         turn.pass();
       }
     }
-    if (own_blocks == 0) {  // no visible key: zeros and lse = -inf
-      if (!stage_o) q_empty.arrive();
-      release_stored_q_buffer();
-      clear(tOrO);
-    } else {
-      // The first (last in key order) block: S, softmax, P; no output yet. n_block counts the
-      // blocks left, key_block is the one in hand.
-      int n_block = own_blocks - 1;
-      int key_block = next_key_block(own_end_block);
+    if (t.own_blocks > 0) {
+      t.key_block = next_key_block(t, t.own_end_block);
       pipeline_k.consumer_wait(state);
-      trace(TraceEvent::kFirstKLanded, tile_iteration, n_block);
-      if constexpr (kLeanTileStart) {
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-        find_masked_blocks();
+      trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
+      Tensor tSrQ_tile = tSrQ(_, _, _, t.q_buffer);
+      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+          mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
+      if constexpr (kLeanTileStart) find_masked_blocks(t);
+      // Without kOverlapNextTile the GEMM is waited for here: a wait in run_tile alone made
+      // ptxas serialise every wgmma of the kernel.
+      if constexpr (!kOverlapNextTile) {
         warpgroup_wait<0>();
         finish_operands(tSrS);
-      } else {
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/true>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
       }
-      pipeline_k.consumer_release(state);
-      trace(TraceEvent::kFirstSLanded, tile_iteration, n_block);
-      // The masks are read before q_empty completes (the producer may then rebuild them).
-      bool hidden = hidden_block(key_block);
-      if (n_block == 0 && !stage_o) q_empty.arrive();
-      float rescale[2];
-      softmax_block(key_block, hidden, rescale);
-      convert_p();
-      trace(TraceEvent::kFirstSoftmaxDone, tile_iteration, n_block);
-      release_stored_q_buffer();
-      trace(TraceEvent::kStoreReleased, tile_iteration, n_block);
-      // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
-      // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
-      // tensor cores still work on the second GEMM.
-      for (--n_block; n_block >= 0; --n_block) {
-        typename Traits::PipelineState next = state;
-        ++next;
-        key_block = next_key_block(key_block);
-        turn.wait();
-        trace(TraceEvent::kTurnTaken, tile_iteration, n_block);
-        pipeline_k.consumer_wait(next);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, next.index()), tSrS, /*zero_init=*/true);
-        pipeline_v.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
-            /*zero_init=*/n_block == own_blocks - 2);
-        turn.pass();
-        trace(TraceEvent::kGemmsIssued, tile_iteration, n_block);
-        warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
-        finish_operands(tSrS);
-        trace(TraceEvent::kSLanded, tile_iteration, n_block);
-        pipeline_k.consumer_release(next);
-        hidden = hidden_block(key_block);
-        if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
-        softmax_block(key_block, hidden, rescale);
-        trace(TraceEvent::kSoftmaxDone, tile_iteration, n_block);
-        warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
-        finish_operands(tOrO, tOrP);
-        trace(TraceEvent::kPVLanded, tile_iteration, n_block);
-        pipeline_v.consumer_release(state);
-        CUTE_UNROLL
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
-        convert_p();
-        trace(TraceEvent::kIterationDone, tile_iteration, n_block);
-        state = next;
-      }
-      pipeline_v.consumer_wait(state);
-      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
-      pipeline_v.consumer_release(state);
-      trace(TraceEvent::kLastPVLanded, tile_iteration, 0);
-      ++state;
     }
+  };
 
-    // Normalise and store the rows inside the tensor. A row that saw no key (sum 0) gets
-    // zeros and lse = -inf; a NaN sum stays NaN.
+  // Scores of key block n_block (counted from key 0, in tSrS) -> probabilities; rescale as in
+  // RowSoftmax. hidden: the block map does not list the block for this warpgroup's rows.
+  auto softmax_block = [&](int n_block, bool hidden, float(&rescale)[2]) {
+    const bool needs_mask =
+        hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
+    if (!needs_mask && fuse_scale) {
+      constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
+      if constexpr (kFmaShare > 0) {
+        if (params.options.exp2_on_fma) {
+          softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
+          return;
+        }
+      }
+      softmax.update<0>(tSrS, scale_log2, rescale);
+      return;
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
+    const TileGeometry g = geometry(cur);
+    if (needs_mask && g.windowed) {
+      int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+        const detail::Span span = window_key_span(g, row);
+        const int64_t block_begin = int64_t{n_block} * kBlockN;
+        low[r] = static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
+        limit[r] =
+            hidden
+                ? 0
+                : static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        const int column = get<1>(tScS(i));
+        if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
+      }
+    } else if (needs_mask) {
+      int limit[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+        limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
+      }
+    }
+    softmax.update<0>(tSrS, 1.f, rescale);
+  };
+  auto convert_p = [&]() {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS) / 2; ++i) {
+      p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+    }
+  };
+
+  // Normalises tile t's output and stores the rows inside the tensor, with its lse. A row that
+  // saw no key (sum 0) gets zeros and lse = -inf; a NaN sum stays NaN.
+  auto epilogue = [&](const TileState& t) {
+    const TileCoords& c = t.c;
     float total[2], inverse[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -354,10 +312,10 @@ __device__ __forceinline__ void consumer_loop(
       return pack_pair<Element>(tOrO(i) * scale, tOrO(i + 1) * scale);
     };
     if (stage_o) {
-      Tensor sO = sQ(_, _, q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
-      // stmatrix: one instruction stores four 8 x 8 blocks of the accumulator layout, a quarter of
-      // the stores of 4-byte pairs and without their per-pair swizzled addresses (the trace of
-      // 62368ba: 1.6-1.9k cycles from the last P V to the staged O at head dim 128).
+      Tensor sO = sQ(_, _, t.q_buffer);  // (BlockM, HeadDim), swizzled in 16-byte chunks
+      // stmatrix: one instruction stores four 8 x 8 blocks of the accumulator layout, a quarter
+      // of the stores of 4-byte pairs and without their per-pair swizzled addresses (the trace
+      // of 62368ba: 1.6-1.9k cycles from the last P V to the staged O at head dim 128).
       Tensor tOrO_out = make_tensor_like<Element>(tOrO);
       uint32_t* out_pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrO_out.data()));
       CUTE_UNROLL
@@ -365,11 +323,11 @@ __device__ __forceinline__ void consumer_loop(
       auto stage_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
       auto thread_stage_copy = stage_copy.get_thread_slice(tid);
       copy(stage_copy, thread_stage_copy.retile_S(tOrO_out), thread_stage_copy.partition_D(sO));
-      trace(TraceEvent::kOStaged, tile_iteration, 0);
+      trace(TraceEvent::kOStaged, t.iteration, 0);
       // Every thread's writes, before the copy engine (the async proxy) reads them.
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(stage_o_barrier, 128);
-      trace(TraceEvent::kOStageSynced, tile_iteration, 0);
+      trace(TraceEvent::kOStageSynced, t.iteration, 0);
       if (stores_o) {
         using Rows = typename Traits::OStageRows;
         Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
@@ -385,10 +343,10 @@ __device__ __forceinline__ void consumer_loop(
         copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));
         tma_store_arrive();
       } else {
-        q_empty.arrive();
+        shared.barrier_q_empty[t.q_buffer].arrive();
       }
-      stored_q_buffer = q_buffer;
-      trace(TraceEvent::kOStoreIssued, tile_iteration, 0);
+      stored_q_buffer = t.q_buffer;
+      trace(TraceEvent::kOStoreIssued, t.iteration, 0);
     } else {
       // Pair by pair from registers, in the element type or (p.out_is_float) in fp32. One loop
       // with the choice per store: two loops, one per type, spilled 440 bytes at head dim 64
@@ -421,7 +379,135 @@ __device__ __forceinline__ void consumer_loop(
         }
       }
     }
-    trace(TraceEvent::kEpilogueDone, tile_iteration, 0);
+    trace(TraceEvent::kEpilogueDone, t.iteration, 0);
+  };
+
+  typename Traits::PipelineState v_state = state;  // the stage of the last P V issued
+
+  // Tile t's last P V (issued by run_tile when it has own blocks) is waited for (with
+  // kOverlapNextTile; run_tile waited otherwise), with the next tile's first S GEMM still in
+  // flight when s_in_flight, its V stage released, and its epilogue run.
+  auto finish_tile = [&](const TileState& t, bool s_in_flight) {
+    if (t.own_blocks > 0) {
+      if constexpr (kOverlapNextTile) {
+        if (s_in_flight) {
+          warpgroup_wait<1>();  // groups complete in order: the P V, not the S GEMM after it
+        } else {
+          warpgroup_wait<0>();
+        }
+        finish_operands(tOrO, tOrP);
+      }
+      pipeline_v.consumer_release(v_state);
+      trace(TraceEvent::kLastPVLanded, t.iteration, 0);
+    }
+    epilogue(t);
+  };
+
+  // Tile t from its first S GEMM (issued by start_tile) to its last P V (issued, and waited for
+  // here unless kOverlapNextTile).
+  auto run_tile = [&](const TileState& t) {
+    softmax.reset();
+    auto& q_empty = shared.barrier_q_empty[t.q_buffer];
+    Tensor tSrQ_tile = tSrQ(_, _, _, t.q_buffer);
+    const int own_blocks = t.own_blocks;
+    if (own_blocks == 0) {  // no visible key: zeros and lse = -inf
+      if (!stage_o) q_empty.arrive();
+      release_stored_q_buffer();
+      clear(tOrO);
+      return;
+    }
+    // The first (last in key order) block: S, softmax, P; no output yet. n_block counts the
+    // blocks left, key_block is the one in hand.
+    int n_block = own_blocks - 1;
+    int key_block = t.key_block;
+    if constexpr (kOverlapNextTile) {
+      warpgroup_wait<0>();
+      finish_operands(tSrS);
+    }
+    pipeline_k.consumer_release(state);
+    trace(TraceEvent::kFirstSLanded, t.iteration, n_block);
+    // The masks are read before q_empty completes (the producer may then rebuild them).
+    bool hidden = hidden_block(key_block);
+    if (n_block == 0 && !stage_o) q_empty.arrive();
+    float rescale[2];
+    softmax_block(key_block, hidden, rescale);
+    convert_p();
+    trace(TraceEvent::kFirstSoftmaxDone, t.iteration, n_block);
+    release_stored_q_buffer();
+    trace(TraceEvent::kStoreReleased, t.iteration, n_block);
+    // Each further block, in this warpgroup's turn: issue S_j = Q K_j^T, then
+    // O (+)= P_{j-1} V_{j-1} (the first one overwrites O); the softmax of S_j runs while the
+    // tensor cores still work on the second GEMM.
+    for (--n_block; n_block >= 0; --n_block) {
+      typename Traits::PipelineState following = state;
+      ++following;
+      key_block = next_key_block(t, key_block);
+      turn.wait();
+      trace(TraceEvent::kTurnTaken, t.iteration, n_block);
+      pipeline_k.consumer_wait(following);
+      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
+          mma_s, tSrQ_tile, tSrK(_, _, _, following.index()), tSrS, /*zero_init=*/true);
+      pipeline_v.consumer_wait(state);
+      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
+          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO,
+          /*zero_init=*/n_block == own_blocks - 2);
+      turn.pass();
+      trace(TraceEvent::kGemmsIssued, t.iteration, n_block);
+      warpgroup_wait<1>();  // S_j has landed (wgmma groups complete in order)
+      finish_operands(tSrS);
+      trace(TraceEvent::kSLanded, t.iteration, n_block);
+      pipeline_k.consumer_release(following);
+      hidden = hidden_block(key_block);
+      if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
+      softmax_block(key_block, hidden, rescale);
+      trace(TraceEvent::kSoftmaxDone, t.iteration, n_block);
+      warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
+      finish_operands(tOrO, tOrP);
+      trace(TraceEvent::kPVLanded, t.iteration, n_block);
+      pipeline_v.consumer_release(state);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
+      convert_p();
+      trace(TraceEvent::kIterationDone, t.iteration, n_block);
+      state = following;
+    }
+    pipeline_v.consumer_wait(state);
+    // Waited for here unless the next tile's first S GEMM is to go out behind it (finish_tile
+    // waits then): a wait in finish_tile alone made ptxas serialise every wgmma of the kernel.
+    warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/!kOverlapNextTile>(
+        mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
+    v_state = state;
+    ++state;
+  };
+
+  // ptxas serialised every wgmma of the kernel (warning C7515) when a group issued by one inlined
+  // copy of start_tile was waited for behind another (two call sites), and, in the default
+  // order, when a GEMM was waited for in another function than the one that issued it: one
+  // call site each for start_tile and run_tile, and the waits as described there. With
+  // kOverlapNextTile, tile i - 1's last P V and
+  // epilogue wait until tile i's first S GEMM is out, unless tile i passes stages on (they may
+  // include the stage of that P V's V, which only its release frees) or there is no tile i.
+  TileState previous{};
+  bool previous_pending = false;
+  for (int iteration = 0;; ++iteration) {
+    const bool open = open_tile(iteration, cur);
+    if (kOverlapNextTile && previous_pending && (!open || cur.tile_blocks > cur.own_blocks)) {
+      finish_tile(previous, false);
+      previous_pending = false;
+    }
+    if (open) start_tile(cur);
+    if (kOverlapNextTile && previous_pending) {
+      finish_tile(previous, cur.own_blocks > 0);
+      previous_pending = false;
+    }
+    if (!open) break;
+    run_tile(cur);
+    if constexpr (kOverlapNextTile) {
+      previous = cur;
+      previous_pending = true;
+    } else {
+      finish_tile(cur, false);
+    }
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.
   if (stored_q_buffer >= 0 && stores_o) tma_store_wait<0>();
