@@ -37,12 +37,6 @@ struct ForwardTile {
   // S GEMM before it finds its masked-block bounds (~600-750 cycles), which then run under the
   // GEMM (the tile timeline of benchmarks/NOTES.md, stop 19).
   bool lean_tile_start = false;
-  // The next tile's first S GEMM is issued right behind the current tile's last P V, before
-  // the current tile's epilogue (normalising, staging and storing O), which then runs under it:
-  // the tile boundary of the stop-19 timeline spent ~700 cycles waiting for that last P V and
-  // ~650-850 for the next first S (NOTES.md, stop 21). The consumers then hold both tiles'
-  // coordinates through the epilogue.
-  bool overlap_next_tile = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -77,9 +71,7 @@ struct ForwardTile {
 // most D = 64 shapes (the issue slots, not the MUFU, are the limit there).
 // Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start
 // (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1] the same
-// with the next tile's first S GEMM under the epilogue (ForwardTile::overlap_next_tile; until
-// stop 21 this entry was [0] without the lean start, the default until stop 20); [2] 3 stages
-// of 128 x 128
+// without the lean start (the default until stop 20); [2] 3 stages of 128 x 128
 // K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third
 // stage of K alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower
 // on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time.)
@@ -89,7 +81,7 @@ struct ForwardTile {
 inline constexpr ForwardTile kTiles64[] = {
     {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {3, 128, 3, 2, 0, 32, true}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 0, 40, true}, {2, 128, 2, 2, 0, 40, true, true}, {2, 128, 3, 1, 0, 40}};
+    {2, 128, 2, 2, 0, 40, true}, {2, 128, 2, 2, 0, 40}, {2, 128, 3, 1, 0, 40}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at

@@ -55,7 +55,6 @@ __device__ __forceinline__ void consumer_loop(
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
-  constexpr bool kOverlapNextTile = Traits::kTile.overlap_next_tile;
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -224,12 +223,9 @@ __device__ __forceinline__ void consumer_loop(
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
       if constexpr (kLeanTileStart) find_masked_blocks(t);
-      // Without kOverlapNextTile the GEMM is waited for here: a wait in run_tile alone made
-      // ptxas serialise every wgmma of the kernel.
-      if constexpr (!kOverlapNextTile) {
-        warpgroup_wait<0>();
-        finish_operands(tSrS);
-      }
+      // Waited for here: a wait in run_tile made ptxas serialise every wgmma of the kernel.
+      warpgroup_wait<0>();
+      finish_operands(tSrS);
     }
   };
 
@@ -384,27 +380,16 @@ __device__ __forceinline__ void consumer_loop(
 
   typename Traits::PipelineState v_state = state;  // the stage of the last P V issued
 
-  // Tile t's last P V (issued by run_tile when it has own blocks) is waited for (with
-  // kOverlapNextTile; run_tile waited otherwise), with the next tile's first S GEMM still in
-  // flight when s_in_flight, its V stage released, and its epilogue run.
-  auto finish_tile = [&](const TileState& t, bool s_in_flight) {
+  // Tile t's last P V stage released (when it has own blocks), then its epilogue.
+  auto finish_tile = [&](const TileState& t) {
     if (t.own_blocks > 0) {
-      if constexpr (kOverlapNextTile) {
-        if (s_in_flight) {
-          warpgroup_wait<1>();  // groups complete in order: the P V, not the S GEMM after it
-        } else {
-          warpgroup_wait<0>();
-        }
-        finish_operands(tOrO, tOrP);
-      }
       pipeline_v.consumer_release(v_state);
       trace(TraceEvent::kLastPVLanded, t.iteration, 0);
     }
     epilogue(t);
   };
 
-  // Tile t from its first S GEMM (issued by start_tile) to its last P V (issued, and waited for
-  // here unless kOverlapNextTile).
+  // Tile t from its first S GEMM (issued and waited for by start_tile) to its last P V.
   auto run_tile = [&](const TileState& t) {
     softmax.reset();
     auto& q_empty = shared.barrier_q_empty[t.q_buffer];
@@ -420,10 +405,6 @@ __device__ __forceinline__ void consumer_loop(
     // blocks left, key_block is the one in hand.
     int n_block = own_blocks - 1;
     int key_block = t.key_block;
-    if constexpr (kOverlapNextTile) {
-      warpgroup_wait<0>();
-      finish_operands(tSrS);
-    }
     pipeline_k.consumer_release(state);
     trace(TraceEvent::kFirstSLanded, t.iteration, n_block);
     // The masks are read before q_empty completes (the producer may then rebuild them).
@@ -472,42 +453,22 @@ __device__ __forceinline__ void consumer_loop(
       state = following;
     }
     pipeline_v.consumer_wait(state);
-    // Waited for here unless the next tile's first S GEMM is to go out behind it (finish_tile
-    // waits then): a wait in finish_tile alone made ptxas serialise every wgmma of the kernel.
-    warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/!kOverlapNextTile>(
+    // Waited for here: a wait in finish_tile made ptxas serialise every wgmma of the kernel.
+    warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
         mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
     v_state = state;
     ++state;
   };
 
   // ptxas serialised every wgmma of the kernel (warning C7515) when a group issued by one inlined
-  // copy of start_tile was waited for behind another (two call sites), and, in the default
-  // order, when a GEMM was waited for in another function than the one that issued it: one
-  // call site each for start_tile and run_tile, and the waits as described there. With
-  // kOverlapNextTile, tile i - 1's last P V and
-  // epilogue wait until tile i's first S GEMM is out, unless tile i passes stages on (they may
-  // include the stage of that P V's V, which only its release frees) or there is no tile i.
-  TileState previous{};
-  bool previous_pending = false;
+  // copy of its issuing code was waited for behind another (two call sites), and when a GEMM was
+  // waited for in another function than the one that issued it: one call site each for
+  // open_tile, start_tile and run_tile, each GEMM waited for where it is issued.
   for (int iteration = 0;; ++iteration) {
-    const bool open = open_tile(iteration, cur);
-    if (kOverlapNextTile && previous_pending && (!open || cur.tile_blocks > cur.own_blocks)) {
-      finish_tile(previous, false);
-      previous_pending = false;
-    }
-    if (open) start_tile(cur);
-    if (kOverlapNextTile && previous_pending) {
-      finish_tile(previous, cur.own_blocks > 0);
-      previous_pending = false;
-    }
-    if (!open) break;
+    if (!open_tile(iteration, cur)) break;
+    start_tile(cur);
     run_tile(cur);
-    if constexpr (kOverlapNextTile) {
-      previous = cur;
-      previous_pending = true;
-    } else {
-      finish_tile(cur, false);
-    }
+    finish_tile(cur);
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.
   if (stored_q_buffer >= 0 && stores_o) tma_store_wait<0>();
