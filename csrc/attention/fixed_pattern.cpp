@@ -17,18 +17,6 @@ size_t round_up(size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-// Summary keys of the gathered (b): summary column t of pattern block p is key p * c + t. Query
-// i sees those below floor(i / l) * c, so the columns of the last query's pattern block and
-// those past the last key are never seen; the rest are a prefix of the gathered keys.
-int64_t summary_keys(const AttentionParams& p) {
-  const int64_t l = p.mask.pattern_block, c = p.mask.pattern_summary;
-  const int64_t full_blocks = p.seqlen_k / l;
-  const int64_t in_keys =
-      full_blocks * c + std::max<int64_t>(0, p.seqlen_k - full_blocks * l - (l - c));
-  const int64_t seen = p.seqlen_q > 0 ? (p.seqlen_q - 1) / l * c : 0;
-  return std::min(in_keys, seen);
-}
-
 Strides contiguous(int64_t heads, int64_t rows, int64_t dim) {
   return {heads * rows * dim, rows * dim, dim};
 }
@@ -42,7 +30,7 @@ struct SummaryPart {
 };
 
 size_t keys_bytes(const AttentionParams& p, int64_t dim) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_kv * summary_keys(p) * dim) *
+  return round_up(static_cast<size_t>(p.batch * p.heads_kv * fixed_summary_keys(p) * dim) *
                   dtype_size(p.dtype));
 }
 
@@ -69,7 +57,7 @@ SummaryPart carve(const AttentionParams& p) {
 // for the same reason: the fp32 output leaves from registers, not by TMA.
 AttentionParams summary_params(const AttentionParams& p, const void* keys, const void* values) {
   AttentionParams s = p;
-  const int64_t rows = summary_keys(p);
+  const int64_t rows = fixed_summary_keys(p);
   s.mask = MaskOptions{};
   s.causal = true;
   s.kv_stride = 1;
@@ -100,6 +88,15 @@ Status unsupported(const std::string& why) {
 
 }  // namespace
 
+int64_t fixed_summary_keys(const AttentionParams& p) {
+  const int64_t l = p.mask.pattern_block, c = p.mask.pattern_summary;
+  const int64_t full_blocks = p.seqlen_k / l;
+  const int64_t in_keys =
+      full_blocks * c + std::max<int64_t>(0, p.seqlen_k - full_blocks * l - (l - c));
+  const int64_t seen = p.seqlen_q > 0 ? (p.seqlen_q - 1) / l * c : 0;
+  return std::min(in_keys, seen);
+}
+
 Status fixed_decomposition_status(const AttentionParams& p) {
   const MaskOptions& m = p.mask;
   if (m.pattern != SparsePattern::kFixed) return unsupported("no fixed pattern");
@@ -110,7 +107,7 @@ Status fixed_decomposition_status(const AttentionParams& p) {
       p.kv_stride != 1) {
     return unsupported("an attn_mask, block map, varlen, window or kv_stride on top");
   }
-  if (p.batch <= 0 || p.heads_q <= 0 || summary_keys(p) == 0) {
+  if (p.batch <= 0 || p.heads_q <= 0 || fixed_summary_keys(p) == 0) {
     return unsupported("no summary part (seqlen_q <= block, or no summary column in the keys)");
   }
   const Status hopper = hopper::supports(summary_params(p, p.q, p.q));
@@ -128,7 +125,7 @@ size_t fixed_forward_workspace_bytes(const AttentionParams& p) {
 void fixed_forward(const AttentionParams& p, cudaStream_t stream) {
   SAMATTN_CHECK(p.workspace != nullptr, "the fixed pattern's decomposition needs a workspace");
   const SummaryPart part = carve(p);
-  const int64_t rows = summary_keys(p);
+  const int64_t rows = fixed_summary_keys(p);
   SummaryGather gather{};
   gather.src[0] = p.k;
   gather.src[1] = p.v;

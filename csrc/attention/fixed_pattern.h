@@ -22,10 +22,22 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attention/mask_policy.h"
 #include "samattn/attention.h"
 #include "samattn/error.h"
 
 namespace samattn::detail {
+
+// The key row of k and v that summary key s of the gathered part (b) holds: summary column
+// s % c of pattern block s / c.
+SAMATTN_HOST_DEVICE int64_t summary_key_row(int64_t s, int64_t l, int64_t c) {
+  return s / c * l + l - c + s % c;
+}
+
+// How many gathered summary keys (b) needs: query i sees those below floor(i / l) * c, so the
+// columns of the last query's pattern block and those past the last key are never seen; the
+// rest are a prefix of the gathered keys.
+int64_t fixed_summary_keys(const AttentionParams& params);
 
 // Whether the decomposition can run the call: the fixed pattern, float16 or bfloat16, no element
 // mask, block map, varlen, window or kv_stride, a summary part (seqlen_q > l and a summary column
@@ -41,7 +53,7 @@ size_t fixed_forward_workspace_bytes(const AttentionParams& params);
 // fixed_forward_workspace_bytes bytes, 256-byte aligned).
 void fixed_forward(const AttentionParams& params, cudaStream_t stream);
 
-// Copies rows `row(s) = (s / c) * l + l - c + s % c`, s < rows, of each (batch, head) of src
+// Copies rows summary_key_row(s, l, c), s < rows, of each (batch, head) of src
 // ((batch, heads, *, dim) elements of element_bytes with strides in elements) into dst,
 // contiguous (batch, heads, rows, dim). Two tensors (keys and values) in one launch.
 struct SummaryGather {

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kThreads) gather_summary_kernel(const SummaryG
     const int64_t summary = row % g.rows;
     const int64_t bh = row / g.rows;
     const int64_t b = bh / g.heads, h = bh % g.heads;
-    const int64_t key = summary / g.c * g.l + g.l - g.c + summary % g.c;
+    const int64_t key = summary_key_row(summary, g.l, g.c);
     const int64_t element = b * s.batch + h * s.head + key * s.seq;
     dst[i] = reinterpret_cast<const Unit*>(src + element * g.element_bytes)[unit];
   }

@@ -1,7 +1,9 @@
 // Masks (samattn/mask.h): the policy's block classification against element-wise visibility
-// (exhaustive on small rectangles), validation of every mask field, the reference's varlen
-// checks, and (with a GPU) the SIMT kernels with attn_mask, window, patterns and varlen against
-// the fp64 reference for every dtype, forward and backward, outputs poisoned.
+// (exhaustive on small rectangles), the fixed pattern's decomposition as a partition, validation of
+// every mask field, the reference's varlen checks, and (with a GPU) the SIMT kernels with
+// attn_mask, window, patterns and varlen against the fp64 reference for every dtype, forward and
+// backward, outputs poisoned.
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -9,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/fixed_pattern.h"
 #include "attention/mask_policy.h"
 #include "attention/strided_pattern.h"
 #include "test_support.h"
@@ -32,6 +35,8 @@ std::vector<MaskPolicy> policies() {
     out.push_back({false, -1, -1, SparsePattern::kStrided, l, 0});
     out.push_back({true, 5, -1, SparsePattern::kStrided, l, 0});
     for (int64_t c = 1; c <= l; c += 2) out.push_back({false, -1, -1, SparsePattern::kFixed, l, c});
+    // No summary columns: the fixed pattern's own blocks, the local part of its decomposition.
+    out.push_back({false, -1, -1, SparsePattern::kFixed, l, 0});
   }
   return out;
 }
@@ -66,6 +71,73 @@ TEST(MaskPolicy, BlockClassificationAgreesWithElements) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// The decomposition's local part (the fixed pattern with no summary columns) skips every key
+// block that lies wholly below the query block's first pattern block: that is where its cost
+// stays at a few blocks per row block.
+TEST(MaskPolicy, FixedPatternWithoutSummaryColumnsSkipsEarlierPatternBlocks) {
+  for (int64_t l : {1, 3, 4, 8}) {
+    const MaskPolicy p{false, -1, -1, SparsePattern::kFixed, l, 0};
+    for (int64_t q0 = 0; q0 < 40; q0 += 3) {
+      const int64_t own_start = q0 / l * l;
+      for (int64_t k0 = 0; k0 < own_start; ++k0) {
+        for (int64_t keys = 1; k0 + keys <= own_start; ++keys) {
+          EXPECT_EQ(static_cast<int>(detail::classify_block(p, q0, q0 + 5, k0, k0 + keys)),
+                    static_cast<int>(BlockClass::kSkip))
+              << "l " << l << " queries from " << q0 << " keys [" << k0 << ", " << k0 + keys << ")";
+        }
+      }
+    }
+  }
+}
+
+// The fixed pattern's decomposition (attention/fixed_pattern.h) covers exactly the pattern, with
+// its two parts disjoint: for every query, the own-block keys (the pattern with c = 0) and the
+// gathered summary keys below floor(i / l) * c (and below fixed_summary_keys) mapped back to key
+// rows by summary_key_row, against the fixed pattern's keys below seqlen_k. Lengths with partial
+// last pattern blocks, Sq > Sk (own blocks past the keys), Sq < Sk, c = l and l = 1.
+TEST(FixedPatternDecomposition, PartsPartitionThePattern) {
+  struct Case {
+    int64_t seqlen_q, seqlen_k, l, c;
+  };
+  for (const Case& t : {Case{1000, 1000, 128, 16}, Case{777, 777, 64, 8}, Case{600, 333, 100, 10},
+                        Case{300, 700, 96, 32}, Case{400, 400, 50, 50}, Case{130, 130, 1, 1},
+                        Case{129, 129, 128, 1}, Case{200, 117, 16, 15}, Case{50, 300, 7, 3}}) {
+    AttentionParams params;
+    params.seqlen_q = t.seqlen_q;
+    params.seqlen_k = t.seqlen_k;
+    params.mask.pattern = SparsePattern::kFixed;
+    params.mask.pattern_block = t.l;
+    params.mask.pattern_summary = t.c;
+    const int64_t gathered = detail::fixed_summary_keys(params);
+    const MaskPolicy pattern{false, -1, -1, SparsePattern::kFixed, t.l, t.c};
+    const MaskPolicy local{false, -1, -1, SparsePattern::kFixed, t.l, 0};
+    const std::string where = "Sq " + std::to_string(t.seqlen_q) + " Sk " +
+                              std::to_string(t.seqlen_k) + " l " + std::to_string(t.l) + " c " +
+                              std::to_string(t.c);
+    // Exactly the summary columns some query sees (before the last query's pattern block).
+    int64_t seen = 0;
+    for (int64_t j = 0; j < t.seqlen_k; ++j) {
+      seen += j % t.l >= t.l - t.c && j / t.l < (t.seqlen_q - 1) / t.l;
+    }
+    EXPECT_EQ(gathered, seen) << where;
+    for (int64_t s = 0; s < gathered; ++s) {
+      ASSERT_LT(detail::summary_key_row(s, t.l, t.c), t.seqlen_k) << where << " summary key " << s;
+    }
+    for (int64_t i = 0; i < t.seqlen_q; ++i) {
+      std::vector<int> covered(t.seqlen_k, 0);
+      for (int64_t j = 0; j < t.seqlen_k; ++j)
+        covered[j] += detail::structurally_visible(local, i, j);
+      for (int64_t s = 0; s < std::min(i / t.l * t.c, gathered); ++s) {
+        ++covered[detail::summary_key_row(s, t.l, t.c)];
+      }
+      for (int64_t j = 0; j < t.seqlen_k; ++j) {
+        ASSERT_EQ(covered[j], detail::structurally_visible(pattern, i, j) ? 1 : 0)
+            << where << " query " << i << " key " << j;
       }
     }
   }
