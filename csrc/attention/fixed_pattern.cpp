@@ -4,18 +4,13 @@
 
 #include "attention/hopper/forward_launch.h"
 #include "attention/kernel_params.h"
+#include "attention/prior_part.h"
 #include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
 #include "common/check.h"
 
 namespace samattn::detail {
 namespace {
-
-constexpr size_t kWorkspaceAlignment = 256;
-
-size_t round_up(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
 
 Strides contiguous(int64_t heads, int64_t rows, int64_t dim) {
   return {heads * rows * dim, rows * dim, dim};
@@ -25,29 +20,19 @@ Strides contiguous(int64_t heads, int64_t rows, int64_t dim) {
 struct SummaryPart {
   void* keys;
   void* values;
-  float* out;  // (batch, heads_q, seqlen_q, head_dim_v)
-  float* lse;  // (batch, heads_q, seqlen_q)
+  PriorPart prior;
 };
 
 size_t keys_bytes(const AttentionParams& p, int64_t dim) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_kv * fixed_summary_keys(p) * dim) *
-                  dtype_size(p.dtype));
-}
-
-size_t out_bytes(const AttentionParams& p) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * p.head_dim_v) *
-                  sizeof(float));
-}
-
-size_t lse_bytes(const AttentionParams& p) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float));
+  return workspace_round_up(
+      static_cast<size_t>(p.batch * p.heads_kv * fixed_summary_keys(p) * dim) *
+      dtype_size(p.dtype));
 }
 
 SummaryPart carve(const AttentionParams& p) {
   auto* base = static_cast<unsigned char*>(p.workspace);
   const size_t k_bytes = keys_bytes(p, p.head_dim), v_bytes = keys_bytes(p, p.head_dim_v);
-  return {base, base + k_bytes, reinterpret_cast<float*>(base + k_bytes + v_bytes),
-          reinterpret_cast<float*>(base + k_bytes + v_bytes + out_bytes(p))};
+  return {base, base + k_bytes, carve_prior_part(base + k_bytes + v_bytes, p)};
 }
 
 // (b) as a call of the Hopper forward: causal over the gathered keys (the staircase is set on
@@ -119,7 +104,7 @@ Status fixed_decomposition_status(const AttentionParams& p) {
 
 size_t fixed_forward_workspace_bytes(const AttentionParams& p) {
   if (!fixed_decomposition_status(p).ok()) return 0;
-  return keys_bytes(p, p.head_dim) + keys_bytes(p, p.head_dim_v) + out_bytes(p) + lse_bytes(p);
+  return keys_bytes(p, p.head_dim) + keys_bytes(p, p.head_dim_v) + prior_part_bytes(p);
 }
 
 void fixed_forward(const AttentionParams& p, cudaStream_t stream) {
@@ -146,20 +131,20 @@ void fixed_forward(const AttentionParams& p, cudaStream_t stream) {
   // (b) the summary part, into the workspace.
   ForwardKernelParams summary =
       make_forward_kernel_params(summary_params(p, part.keys, part.values));
-  summary.out = part.out;
+  summary.out = part.prior.out;
   summary.out_is_float = true;
   summary.o_batch_stride = p.heads_q * p.seqlen_q * p.head_dim_v;
   summary.o_head_stride = p.seqlen_q * p.head_dim_v;
   summary.o_row_stride = p.head_dim_v;
-  summary.lse = part.lse;
+  summary.lse = part.prior.lse;
   summary.staircase_rows = p.mask.pattern_block;
   summary.staircase_keys = p.mask.pattern_summary;
   hopper::dispatch_forward(p.dtype, summary, stream);
 
   // (a) the local part, merging (b) into every row from l on.
   ForwardKernelParams local = make_forward_kernel_params(local_params(p));
-  local.prior_out = part.out;
-  local.prior_lse = part.lse;
+  local.prior_out = part.prior.out;
+  local.prior_lse = part.prior.lse;
   local.prior_rows_begin = p.mask.pattern_block;
   tensor_core::dispatch_forward(p.dtype, local, stream);
 }

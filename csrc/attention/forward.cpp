@@ -22,19 +22,26 @@ bool simt_forced_by_environment() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
+// Whether select_backend may pick the Hopper forward: neither SIMT nor the tensor-core kernels
+// were asked for.
+bool hopper_allowed(const AttentionParams& params) {
+  return params.backend != Backend::kSimt && params.backend != Backend::kTensorCore &&
+         !simt_forced_by_environment();
+}
+
 }  // namespace
 
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
   // The fixed pattern runs mostly on the Hopper forward through its decomposition.
   const bool hopper_ok =
-      params.backend != Backend::kTensorCore &&
+      hopper_allowed(params) &&
       (hopper::supports(params).ok() || detail::fixed_decomposition_status(params).ok());
   if (params.backend == Backend::kHopper && (hopper_ok || !params.mask.any())) {
     SAMATTN_CHECK(hopper_ok, hopper::supports(params).message());
     return Backend::kHopper;
   }
-  if (params.backend != Backend::kTensorCore && hopper_ok) return Backend::kHopper;
+  if (hopper_ok) return Backend::kHopper;
   // Masks and sparse patterns (which the Hopper forward declines, even when asked for; it takes
   // a sliding window and varlen with kv_stride 1) run on the tensor-core masked kernel for
   // float16/bfloat16, else on SIMT.
@@ -51,10 +58,7 @@ size_t attention_forward_workspace_bytes(const AttentionParams& params) {
     case SparsePattern::kStrided:
       return params.backend == Backend::kSimt ? 0 : detail::strided_forward_workspace_bytes(params);
     case SparsePattern::kFixed:  // when select_backend picks the Hopper forward for it
-      return params.backend == Backend::kSimt || params.backend == Backend::kTensorCore ||
-                     simt_forced_by_environment()
-                 ? 0
-                 : detail::fixed_forward_workspace_bytes(params);
+      return hopper_allowed(params) ? detail::fixed_forward_workspace_bytes(params) : 0;
     case SparsePattern::kNone:
       break;
   }

@@ -4,6 +4,7 @@
 
 #include "attention/backward_kernel_params.h"
 #include "attention/kernel_params.h"
+#include "attention/prior_part.h"
 #include "attention/tensor_core/backward_launch.h"
 #include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
@@ -13,31 +14,8 @@
 namespace samattn::detail {
 namespace {
 
-constexpr size_t kWorkspaceAlignment = 256;
-
-size_t round_up(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
-
-// The residue part's fp32 output and lse, carved from the workspace.
-struct PriorPart {
-  float* out;  // (batch, heads_q, seqlen_q, head_dim_v)
-  float* lse;  // (batch, heads_q, seqlen_q)
-};
-
-size_t prior_out_bytes(const AttentionParams& p) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * p.head_dim_v) *
-                  sizeof(float));
-}
-
-size_t prior_lse_bytes(const AttentionParams& p) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float));
-}
-
-PriorPart carve(const AttentionParams& p) {
-  auto* base = static_cast<unsigned char*>(p.workspace);
-  return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + prior_out_bytes(p))};
-}
+// The residue part's fp32 output and lse, at the start of the workspace.
+PriorPart carve(const AttentionParams& p) { return carve_prior_part(p.workspace, p); }
 
 const void* advance(const void* base, int64_t elements, int element_bytes) {
   return static_cast<const char*>(base) + elements * element_bytes;
@@ -138,8 +116,8 @@ AttentionParams band_params(const AttentionParams& p) {
 
 // The dK / dV accumulators: fp32, contiguous (batch, heads_kv, seqlen_k, head_dim).
 size_t accumulator_bytes(const AttentionParams& p) {
-  return round_up(static_cast<size_t>(p.batch * p.heads_kv * p.seqlen_k * p.head_dim) *
-                  sizeof(float));
+  return workspace_round_up(static_cast<size_t>(p.batch * p.heads_kv * p.seqlen_k * p.head_dim) *
+                            sizeof(float));
 }
 
 // Runs the residue part's backward of batch entries [b0, b0 + batches).
@@ -205,7 +183,7 @@ bool strided_decomposition_applies(const AttentionParams& p) {
 
 size_t strided_forward_workspace_bytes(const AttentionParams& p) {
   if (!strided_decomposition_applies(p) || p.batch <= 0 || !has_residue_part(p)) return 0;
-  return prior_out_bytes(p) + prior_lse_bytes(p);
+  return prior_part_bytes(p);
 }
 
 void strided_forward(const AttentionParams& p, cudaStream_t stream) {
