@@ -490,6 +490,7 @@ std::vector<TcMaskCase> hopper_window_cases() {
       {"window_right_only_d256", {1, 2, 2, 300, 260, 256, 256}, false, 1, -1, 30},
       {"window_wide_gqa_d128", {2, 8, 2, 700, 900, 128, 128}, false, 1, 300, 200},
       {"window_causal_many_tiles_d64", {2, 40, 40, 500, 500, 64, 64}, true, 1, 100, -1},
+      {"window_causal_many_tiles_d128", {2, 40, 40, 500, 500, 128, 128}, true, 1, 100, -1},
       {"window_zero", {1, 2, 2, 257, 257, 128, 128}, false, 1, 0, 0},
   };
 }
@@ -528,8 +529,9 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopper,
 // rows; a consumer warpgroup masks a walked block its own map row does not list): forced onto
 // it and taken by the default dispatch, against the same bound and lse check. Map rows of 64
 // (several per tile) and 128 rows (a 192-row tile spans two), map columns of one and of two key
-// blocks, causal, a window on top, GQA with more tiles than SMs, every head dim (256 with its
-// 80-key blocks), and a map row with nothing listed (its rows get zeros and lse = -inf).
+// blocks, causal, a window on top, more tiles than SMs (GQA; map rows of 64 under 192-row
+// tiles), every head dim (256 with its 80-key blocks), and a map row with nothing listed (its
+// rows get zeros and lse = -inf).
 std::vector<TcMaskCase> hopper_block_map_cases() {
   using SP = SparsePattern;
   auto with_map = [](std::string name, Shape shape, bool causal, int64_t map_q, int64_t map_k,
@@ -544,6 +546,7 @@ std::vector<TcMaskCase> hopper_block_map_cases() {
       with_map("map_q64_k256_causal_d128", {1, 2, 1, 500, 777, 128, 128}, true, 64, 256),
       with_map("map_window_d64", {1, 2, 2, 600, 600, 64, 64}, false, 64, 128, 200, 50),
       with_map("map_many_tiles_gqa_d128", {2, 16, 2, 640, 640, 128, 128}, true, 128, 128),
+      with_map("map_q64_many_tiles_causal_d64", {2, 24, 24, 640, 640, 64, 64}, true, 64, 128),
       with_map("map_k160_d256", {1, 2, 2, 300, 320, 256, 256}, false, 64, 160),
   };
 }
