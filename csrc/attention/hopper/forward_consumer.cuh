@@ -530,15 +530,23 @@ __device__ __forceinline__ void consumer_loop(
         key_block = next_key_block(cur, key_block);
         typename Traits::PipelineState following = state;
         ++following;
+        // Broadcast from lane 0, as `warpgroup` above: in this loop the compiler no longer
+        // proved the buffer and stage indices warp-uniform, and the wgmma descriptors then went
+        // through per-thread registers (49 R2UR a turn; 0.87x the unchained kernel at S = 16k in
+        // the first H200 run).
+        const int q_buffer = __shfl_sync(0xffffffffu, cur.q_buffer, 0);
+        const int k_stage = __shfl_sync(0xffffffffu, following.index(), 0);
+        const int v_stage = __shfl_sync(0xffffffffu, state.index(), 0);
+        const bool zero_o = __shfl_sync(0xffffffffu, static_cast<int>(first_pv), 0) != 0;
         turn.wait();
         trace(TraceEvent::kTurnTaken, cur.iteration, blocks_left);
         pipeline_k.consumer_wait(following);
-        Tensor tSrQ_tile = tSrQ(_, _, _, cur.q_buffer);
+        Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
         warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, following.index()), tSrS, /*zero_init=*/true);
+            mma_s, tSrQ_tile, tSrK(_, _, _, k_stage), tSrS, /*zero_init=*/true);
         pipeline_v.consumer_wait(state);
         warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/first_pv);
+            mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO, /*zero_init=*/zero_o);
         turn.pass();
         trace(TraceEvent::kGemmsIssued, cur.iteration, blocks_left);
         if (kLeanTileStart && boundary) find_masked_blocks(cur);
