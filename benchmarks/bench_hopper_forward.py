@@ -104,11 +104,10 @@ ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_fma_exp2": "-fma", "no_staged_stor
                     "static_schedule": "-dyn"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
 TILE_LEGEND = {
-    64: ("128x128 3 stages 2 Q",
-         "192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start, chained tiles",
+    64: ("128x128 3 stages 2 Q", "192x128 (3 consumer warpgroups) 3 stages 2 Q",
          "192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start"),
-    128: ("128x128 2 stages 2 Q, lean tile start",
-          "128x128 2 stages 2 Q, lean tile start, chained tiles", "128x128 3 stages 1 Q"),
+    128: ("128x128 2 stages 2 Q, lean tile start", "128x128 2 stages 2 Q",
+          "128x128 3 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}

@@ -37,11 +37,6 @@ struct ForwardTile {
   // S GEMM before it finds its masked-block bounds (~600-750 cycles), which then run under the
   // GEMM (the tile timeline of benchmarks/NOTES.md, stop 19).
   bool lean_tile_start = false;
-  // Chained tiles: a consumer warpgroup issues its next tile's first S GEMM in the same turn as
-  // the current tile's last P V, and writes the current tile's output while the other warpgroups
-  // hold the tensor cores, so the tile boundary costs about one turn instead of an S GEMM, a
-  // softmax, a P V and an epilogue in a row (forward_consumer.cuh). Needs two Q buffers.
-  bool chained_tiles = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -69,16 +64,14 @@ struct ForwardTile {
 // and runs. A build with -DSAMATTN_HOPPER_TUNING=ON (benchmarks only) also compiles the others
 // and SAMATTN_HOPPER_TILE=<index> picks one at run time, so one benchmark run measures them side
 // by side (forward_dispatch.cpp).
-// Head dim 64: [2] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
-// + O 32) put a third softmax next to the tensor cores, with a lean tile start; [1] the same
-// with chained tiles (stop 22; until then [2] without the lean start, 2-8% slower at S <= 2k
-// causal). Both
+// Head dim 64: [1] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
+// + O 32) put a third softmax next to the tensor cores; [2] the same with a lean tile start
+// (until stop 20 this entry was 128 x 192 tiles, 0.77-0.98x the default in every run). Both
 // with every exponential on the MUFU: in the first H200 run exp2 on the FMA pipe cost 3-6% at
 // most D = 64 shapes (the issue slots, not the MUFU, are the limit there).
 // Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start
 // (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1] the same
-// with chained tiles (stop 22; until then without the lean start, the default until stop 20,
-// 2-11% slower at S <= 2k); [2] 3 stages of 128 x 128
+// without the lean start (the default until stop 20); [2] 3 stages of 128 x 128
 // K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third
 // stage of K alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower
 // on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time.)
@@ -86,9 +79,9 @@ struct ForwardTile {
 // (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
 // the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
 inline constexpr ForwardTile kTiles64[] = {
-    {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32, true, true}, {3, 128, 3, 2, 0, 32, true}};
+    {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {3, 128, 3, 2, 0, 32, true}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 0, 40, true}, {2, 128, 2, 2, 0, 40, true, true}, {2, 128, 3, 1, 0, 40}};
+    {2, 128, 2, 2, 0, 40, true}, {2, 128, 2, 2, 0, 40}, {2, 128, 3, 1, 0, 40}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at

@@ -55,9 +55,6 @@ __device__ __forceinline__ void consumer_loop(
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
-  constexpr bool kChainedTiles = Traits::kTile.chained_tiles;
-  static_assert(!kChainedTiles || Traits::kQBuffers > 1,
-                "chained tiles need the next tile's Q in its own buffer");
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -158,8 +155,8 @@ __device__ __forceinline__ void consumer_loop(
   auto next_key_block = [&](const TileState& t, int block) {
     return sparse ? listed_below(shared.key_blocks[t.q_buffer].tile, block) : block - 1;
   };
-  auto hidden_block = [&](const TileState& t, int block) {
-    return sparse && !is_listed(shared.key_blocks[t.q_buffer].rows[warpgroup], block);
+  auto hidden_block = [&](int block) {
+    return sparse && !is_listed(shared.key_blocks[cur.q_buffer].rows[warpgroup], block);
   };
 
   // The key blocks of tile t whose scores need masking (found under the tile's first GEMM with a
@@ -204,12 +201,9 @@ __device__ __forceinline__ void consumer_loop(
   // quarter of the GEMMs). It still waits for each stage to land, so that its release can only
   // complete the phase the stage is in, and it keeps every turn of the tile (one per block after
   // the first), so the turns of all warpgroups stay in step. Then, if it sees any block, it waits
-  // for the first one's K and issues the tile's first S GEMM. With chained tiles that GEMM takes
-  // a turn of its own, as it does when it shares the turn of the tile before's last P V: every
-  // warpgroup then takes tile_blocks turns a tile, whether its tiles chain or not.
+  // for the first one's K and issues the tile's first S GEMM.
   auto start_tile = [&](TileState& t) {
-    const int idle_turns =
-        kChainedTiles ? t.tile_blocks - t.own_blocks : t.tile_blocks - max(t.own_blocks, 1);
+    const int idle_turns = t.tile_blocks - max(t.own_blocks, 1);
     for (int skipped = 0; skipped < t.tile_blocks - t.own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);
       pipeline_k.consumer_release(state);
@@ -226,10 +220,8 @@ __device__ __forceinline__ void consumer_loop(
       pipeline_k.consumer_wait(state);
       trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
       Tensor tSrQ_tile = tSrQ(_, _, _, t.q_buffer);
-      if constexpr (kChainedTiles) turn.wait();
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-      if constexpr (kChainedTiles) turn.pass();
       if constexpr (kLeanTileStart) find_masked_blocks(t);
       // Waited for here: a wait in run_tile made ptxas serialise every wgmma of the kernel.
       warpgroup_wait<0>();
@@ -239,9 +231,9 @@ __device__ __forceinline__ void consumer_loop(
 
   // Scores of key block n_block (counted from key 0, in tSrS) -> probabilities; rescale as in
   // RowSoftmax. hidden: the block map does not list the block for this warpgroup's rows.
-  auto softmax_block = [&](const TileState& t, int n_block, bool hidden, float(&rescale)[2]) {
+  auto softmax_block = [&](int n_block, bool hidden, float(&rescale)[2]) {
     const bool needs_mask =
-        hidden || n_block >= t.first_masked_block || n_block < t.first_unclipped_block;
+        hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
     if (!needs_mask && fuse_scale) {
       constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
       if constexpr (kFmaShare > 0) {
@@ -255,12 +247,12 @@ __device__ __forceinline__ void consumer_loop(
     }
     CUTE_UNROLL
     for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-    const TileGeometry g = geometry(t);
+    const TileGeometry g = geometry(cur);
     if (needs_mask && g.windowed) {
       int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int row = min(t.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+        const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
         const detail::Span span = window_key_span(g, row);
         const int64_t block_begin = int64_t{n_block} * kBlockN;
         low[r] = static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
@@ -278,7 +270,7 @@ __device__ __forceinline__ void consumer_loop(
       int limit[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int row = min(t.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+        const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
         limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
       }
       CUTE_UNROLL
@@ -295,15 +287,14 @@ __device__ __forceinline__ void consumer_loop(
     }
   };
 
-  // Normalises tile t's output by its rows' softmax `stats` and stores the rows inside the
-  // tensor, with its lse. A row that saw no key (sum 0) gets zeros and lse = -inf; a NaN sum
-  // stays NaN.
-  auto epilogue = [&](const TileState& t, const RowSoftmax& stats) {
+  // Normalises tile t's output and stores the rows inside the tensor, with its lse. A row that
+  // saw no key (sum 0) gets zeros and lse = -inf; a NaN sum stays NaN.
+  auto epilogue = [&](const TileState& t) {
     const TileCoords& c = t.c;
     float total[2], inverse[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      total[r] = quad_sum(stats.row_sum[r]);
+      total[r] = quad_sum(softmax.row_sum[r]);
       inverse[r] = total[r] == 0.f ? 0.f : 1.f / total[r];
     }
     // The tile's first row in the (packed) tensor. The sequence's offset is read again rather
@@ -380,7 +371,7 @@ __device__ __forceinline__ void consumer_loop(
       for (int r = 0; r < 2; ++r) {
         if (local_row[r] < c.rows) {
           lse[local_row[r]] =
-              total[r] == 0.f ? -INFINITY : (stats.row_max[r] + log2f(total[r])) * kLn2;
+              total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
         }
       }
     }
@@ -395,7 +386,7 @@ __device__ __forceinline__ void consumer_loop(
       pipeline_v.consumer_release(v_state);
       trace(TraceEvent::kLastPVLanded, t.iteration, 0);
     }
-    epilogue(t, softmax);
+    epilogue(t);
   };
 
   // Tile t from its first S GEMM (issued and waited for by start_tile) to its last P V.
@@ -417,10 +408,10 @@ __device__ __forceinline__ void consumer_loop(
     pipeline_k.consumer_release(state);
     trace(TraceEvent::kFirstSLanded, t.iteration, n_block);
     // The masks are read before q_empty completes (the producer may then rebuild them).
-    bool hidden = hidden_block(t, key_block);
+    bool hidden = hidden_block(key_block);
     if (n_block == 0 && !stage_o) q_empty.arrive();
     float rescale[2];
-    softmax_block(t, key_block, hidden, rescale);
+    softmax_block(key_block, hidden, rescale);
     convert_p();
     trace(TraceEvent::kFirstSoftmaxDone, t.iteration, n_block);
     release_stored_q_buffer();
@@ -447,9 +438,9 @@ __device__ __forceinline__ void consumer_loop(
       finish_operands(tSrS);
       trace(TraceEvent::kSLanded, t.iteration, n_block);
       pipeline_k.consumer_release(following);
-      hidden = hidden_block(t, key_block);
+      hidden = hidden_block(key_block);
       if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
-      softmax_block(t, key_block, hidden, rescale);
+      softmax_block(key_block, hidden, rescale);
       trace(TraceEvent::kSoftmaxDone, t.iteration, n_block);
       warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
       finish_operands(tOrO, tOrP);
@@ -469,131 +460,15 @@ __device__ __forceinline__ void consumer_loop(
     ++state;
   };
 
-  // Chained tiles: from tile `cur`, whose first S GEMM start_tile has issued and waited for, on
-  // through every following tile that this warpgroup takes up where the tile before left off.
-  // A tile's last key block is the turn that issues the next tile's first S GEMM with the last
-  // P V; the softmax of that S runs under the P V, and the finished tile's output is written
-  // while the other warpgroups' GEMMs hold the tensor cores. Every turn therefore has the wgmma
-  // pattern of the key loop (issue S, issue P V, wait for S, wait for P V), so ptxas keeps the
-  // pipeline (a wait whose depth depends on a run-time value, or paths with different waits
-  // merging, made it serialise every wgmma: NOTES.md, stop 21). A next tile is not chained when
-  // this warpgroup passes some of its blocks on (they are idle turns that come first, and the
-  // stage ring would then hold the P V's V stage while waiting for the first K after them) or
-  // sees none of them; the chain then ends with a P V alone, as the last tile's does.
-  //
   // ptxas serialised every wgmma of the kernel (warning C7515) when a group issued by one inlined
   // copy of its issuing code was waited for behind another (two call sites), and when a GEMM was
   // waited for in another function than the one that issued it: one call site each for
-  // open_tile, start_tile and run_tile (or the chain), each GEMM waited for where it is issued.
-  if constexpr (kChainedTiles) {
-    TileState next{};
-    bool have_tile = open_tile(0, cur);
-    while (have_tile) {
-      start_tile(cur);
-      if (cur.own_blocks == 0) {  // no visible key: zeros and lse = -inf
-        softmax.reset();
-        if (!stage_o) shared.barrier_q_empty[cur.q_buffer].arrive();
-        release_stored_q_buffer();
-        clear(tOrO);
-        epilogue(cur, softmax);
-        have_tile = open_tile(cur.iteration + 1, cur);
-        continue;
-      }
-      softmax.reset();
-      int blocks_left = cur.own_blocks - 1;  // of tile cur, after the one in hand
-      int key_block = cur.key_block;
-      bool first_pv = true;  // P is its tile's first: its P V overwrites O
-      pipeline_k.consumer_release(state);
-      trace(TraceEvent::kFirstSLanded, cur.iteration, blocks_left);
-      bool hidden = hidden_block(cur, key_block);
-      if (blocks_left == 0 && !stage_o) shared.barrier_q_empty[cur.q_buffer].arrive();
-      float rescale[2];
-      softmax_block(cur, key_block, hidden, rescale);
-      convert_p();
-      trace(TraceEvent::kFirstSoftmaxDone, cur.iteration, blocks_left);
-      release_stored_q_buffer();
-      bool have_next = false;
-      TileState done{};  // at a boundary: the tile whose last P V the turn issues
-      for (;;) {
-        const bool boundary = blocks_left == 0;
-        if (boundary) {
-          // The next tile's Q may go into the buffer the last staged output is leaving from.
-          release_stored_q_buffer();
-          have_next = open_tile(cur.iteration + 1, next);
-          if (!have_next || next.own_blocks != next.tile_blocks) break;
-          done = cur;
-          cur = next;
-          blocks_left = cur.own_blocks;
-          key_block = cur.own_end_block;
-        }
-        --blocks_left;
-        key_block = next_key_block(cur, key_block);
-        typename Traits::PipelineState following = state;
-        ++following;
-        // Broadcast from lane 0, as `warpgroup` above: in this loop the compiler no longer
-        // proved the buffer and stage indices warp-uniform, and the wgmma descriptors then went
-        // through per-thread registers (49 R2UR a turn; 0.87x the unchained kernel at S = 16k in
-        // the first H200 run).
-        const int q_buffer = __shfl_sync(0xffffffffu, cur.q_buffer, 0);
-        const int k_stage = __shfl_sync(0xffffffffu, following.index(), 0);
-        const int v_stage = __shfl_sync(0xffffffffu, state.index(), 0);
-        const bool zero_o = __shfl_sync(0xffffffffu, static_cast<int>(first_pv), 0) != 0;
-        turn.wait();
-        trace(TraceEvent::kTurnTaken, cur.iteration, blocks_left);
-        pipeline_k.consumer_wait(following);
-        Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-        warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-            mma_s, tSrQ_tile, tSrK(_, _, _, k_stage), tSrS, /*zero_init=*/true);
-        pipeline_v.consumer_wait(state);
-        warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-            mma_o, tOrP, tOrVt(_, _, _, v_stage), tOrO, /*zero_init=*/zero_o);
-        turn.pass();
-        trace(TraceEvent::kGemmsIssued, cur.iteration, blocks_left);
-        if (kLeanTileStart && boundary) find_masked_blocks(cur);
-        warpgroup_wait<1>();  // S has landed (wgmma groups complete in order)
-        finish_operands(tSrS);
-        trace(TraceEvent::kSLanded, cur.iteration, blocks_left);
-        pipeline_k.consumer_release(following);
-        hidden = hidden_block(cur, key_block);
-        if (blocks_left == 0 && !stage_o) shared.barrier_q_empty[cur.q_buffer].arrive();
-        RowSoftmax finished = softmax;  // the done tile's rows, at a boundary
-        if (boundary) softmax.reset();
-        softmax_block(cur, key_block, hidden, rescale);
-        trace(TraceEvent::kSoftmaxDone, cur.iteration, blocks_left);
-        release_stored_q_buffer();
-        warpgroup_wait<0>();  // P V has landed
-        finish_operands(tOrO, tOrP);
-        trace(TraceEvent::kPVLanded, cur.iteration, blocks_left);
-        pipeline_v.consumer_release(state);
-        if (!boundary) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
-        }
-        convert_p();
-        // After P is converted, so that S's registers are free for the epilogue's (with S
-        // still live, head dim 64's 128-register consumers spilled 568 bytes).
-        if (boundary) epilogue(done, finished);
-        trace(TraceEvent::kIterationDone, cur.iteration, blocks_left);
-        first_pv = boundary;
-        state = following;
-      }
-      pipeline_v.consumer_wait(state);
-      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/first_pv);
-      pipeline_v.consumer_release(state);
-      ++state;
-      trace(TraceEvent::kLastPVLanded, cur.iteration, 0);
-      epilogue(cur, softmax);
-      have_tile = have_next;
-      cur = next;
-    }
-  } else {
-    for (int iteration = 0;; ++iteration) {
-      if (!open_tile(iteration, cur)) break;
-      start_tile(cur);
-      run_tile(cur);
-      finish_tile(cur);
-    }
+  // open_tile, start_tile and run_tile, each GEMM waited for where it is issued.
+  for (int iteration = 0;; ++iteration) {
+    if (!open_tile(iteration, cur)) break;
+    start_tile(cur);
+    run_tile(cur);
+    finish_tile(cur);
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.
   if (stored_q_buffer >= 0 && stores_o) tma_store_wait<0>();
