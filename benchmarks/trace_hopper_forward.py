@@ -20,6 +20,7 @@ its stores), to compare with a normal build's benchmark.
 """
 import argparse
 import array
+import datetime
 import json
 import os
 import statistics
@@ -250,8 +251,10 @@ def main():
     parser.add_argument("--out", default="hopper_forward_trace.json")
     args = parser.parse_args()
     path = os.path.join(tempfile.mkdtemp(), "trace.bin")
+    # The tile variant traced (SAMATTN_HOPPER_TILE, "" = the default entry) and when.
     results = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SAMATTN_COMMIT", ""),
-               "shapes": []}
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "tile_variant": os.environ.get("SAMATTN_HOPPER_TILE", ""), "shapes": []}
     for shape in SHAPES:
         result = run_shape(*shape, path)
         results["shapes"].append(result)
