@@ -43,6 +43,17 @@ bool aligned16(const void* pointer, const Strides& s, int64_t dim, int element_b
          (dim * element_bytes) % 16 == 0;
 }
 
+// One launch for both tensors (blockIdx.y), sized for the wider one's units.
+template <typename Unit>
+void launch_gather(const SummaryGather& g, cudaStream_t stream) {
+  const int64_t max_dim = std::max(g.dim[0], g.dim[1]);
+  const int64_t units =
+      g.batch * g.heads * g.rows * (max_dim * g.element_bytes / static_cast<int64_t>(sizeof(Unit)));
+  const dim3 grid(grid_stride_blocks(units, kThreads), 2);
+  gather_summary_kernel<Unit><<<grid, kThreads, 0, stream>>>(g);
+  SAMATTN_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void gather_summary_rows(const SummaryGather& g, cudaStream_t stream) {
@@ -53,30 +64,13 @@ void gather_summary_rows(const SummaryGather& g, cudaStream_t stream) {
     vector = vector && aligned16(g.src[t], g.src_strides[t], g.dim[t], g.element_bytes) &&
              reinterpret_cast<uintptr_t>(g.dst[t]) % 16 == 0;
   }
-  const int64_t max_dim = std::max(g.dim[0], g.dim[1]);
-  const int64_t units = rows * (vector ? max_dim * g.element_bytes / 16 : max_dim);
-  // A grid-stride loop over enough blocks to fill every SM several times over.
-  const DeviceInfo& device = current_device_info();
-  int blocks_per_sm = 0;
   if (vector) {
-    SAMATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks_per_sm, gather_summary_kernel<uint4>, kThreads, 0));
-  } else {
-    SAMATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks_per_sm, gather_summary_kernel<uint16_t>, kThreads, 0));
-  }
-  const int64_t wanted = (units + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(
-      1, std::min<int64_t>(wanted, int64_t{device.multiprocessors} * std::max(blocks_per_sm, 1))));
-  const dim3 grid(blocks, 2);
-  if (vector) {
-    gather_summary_kernel<uint4><<<grid, kThreads, 0, stream>>>(g);
+    launch_gather<uint4>(g, stream);
   } else {
     SAMATTN_CHECK(g.element_bytes == 2, "gather_summary_rows: 16-bit elements expected, got ",
                   g.element_bytes, " bytes");
-    gather_summary_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(g);
+    launch_gather<uint16_t>(g, stream);
   }
-  SAMATTN_CHECK_LAUNCH();
 }
 
 }  // namespace samattn::detail

@@ -1,5 +1,6 @@
 #include "common/device.h"
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -16,18 +17,27 @@ const DeviceInfo& current_device_info() {
   int device = 0;
   SAMATTN_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(cache.size()) <= device) cache.resize(device + 1, DeviceInfo{-1, 0, 0, 0, 0});
+  if (static_cast<int>(cache.size()) <= device)
+    cache.resize(device + 1, DeviceInfo{-1, 0, 0, 0, 0});
   DeviceInfo& info = cache[device];
   if (info.index < 0) {
-    SAMATTN_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
-    SAMATTN_CUDA_CHECK(cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device));
     SAMATTN_CUDA_CHECK(
-        cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
+    SAMATTN_CUDA_CHECK(
+        cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device));
+    SAMATTN_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem_optin,
+                                              cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     SAMATTN_CUDA_CHECK(
         cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device));
     info.index = device;
   }
   return info;
+}
+
+unsigned grid_stride_blocks(int64_t units, int threads) {
+  const int64_t cap = int64_t{kGridStrideBlocksPerSm} * current_device_info().multiprocessors;
+  const int64_t wanted = (units + threads - 1) / threads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap)));
 }
 
 void allow_dynamic_smem(const void* kernel, int bytes) {
@@ -37,8 +47,7 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
   static std::set<std::pair<const void*, int>> done;
   const DeviceInfo& info = current_device_info();
   SAMATTN_CHECK(bytes <= info.max_smem_optin, "kernel needs ", bytes,
-                " bytes of shared memory but device ", info.index, " allows ",
-                info.max_smem_optin);
+                " bytes of shared memory but device ", info.index, " allows ", info.max_smem_optin);
   const std::lock_guard<std::mutex> lock(mutex);
   if (done.count({kernel, info.index})) return;
   SAMATTN_CUDA_CHECK(

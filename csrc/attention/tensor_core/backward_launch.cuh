@@ -25,12 +25,9 @@ inline void allow_backward_smem(const void* kernel, int bytes, int with_tile) {
       kernel, with_tile <= detail::current_device_info().max_smem_optin ? with_tile : bytes);
 }
 
-// Blocks of a grid-stride conversion kernel over `elements`: enough to fill the device several
-// times over.
+// Blocks of a grid-stride conversion kernel over `elements`.
 inline unsigned convert_grid(int64_t elements) {
-  const int64_t cap = int64_t{32} * detail::current_device_info().multiprocessors;
-  const int64_t wanted = (elements + kConvertThreads - 1) / kConvertThreads;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(wanted, cap)));
+  return detail::grid_stride_blocks(elements, kConvertThreads);
 }
 
 // Shared memory of the (masked or plain) dK/dV and dQ kernels for this call, and the size with
