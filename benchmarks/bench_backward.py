@@ -17,7 +17,7 @@ exceeds 5e-2 for any gradient is reported as wrong, not timed.
   python benchmarks/bench_backward.py --json $OUT/backward.json           # the sweep
   python benchmarks/bench_backward.py --seqlens 4096 --head-dims 128 --deterministic
   python benchmarks/bench_backward.py --skip sm80 \
-      --variant m64:SAMATTN_HOPPER_BWD_VARIANT=block_m64:64   # a built variant as a column
+      --variant red:SAMATTN_HOPPER_BWD_VARIANT=reduction_dq   # a built variant as a column
 
 A variant (--variant NAME:VAR=VALUE[:HEAD_DIMS]) is the Hopper path timed with the environment
 variable VAR=VALUE set around its backward calls (the launcher reads it on every call), at the
@@ -213,6 +213,7 @@ def main(argv=None):
                 variant_ratios = ""
                 for name, _, _ in args.variant:
                     row[name + "_over_fa2"] = row["fa2_ms"] / row[name + "_ms"]
+                    row["hopper_over_" + name] = row[name + "_ms"] / row["hopper_ms"]
                     variant_ratios += f" {row[name + '_over_fa2']:>12.2f}"
                 print(f"{head_dim:>4} {str(causal):>6} {seqlen:>6} {batch:>3} | {cells} | "
                       f"{ratio_fa2:>10.2f} {ratio_cudnn:>11.2f}{variant_ratios}", flush=True)

@@ -1,6 +1,7 @@
 // attention_backward: validate, derive the kernel parameters once, launch D = rowsum(dout * out)
 // and then the Hopper backward (fp16/bf16 on sm_90a), the tensor-core backward (fp16/bf16 on
 // sm80+) or the SIMT backward (dK/dV, then dQ).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -43,11 +44,17 @@ size_t delta_bytes(const AttentionParams& p) {
   return round_up(static_cast<size_t>(detail::output_rows(p)) * accumulator);
 }
 
+// The tensor-core backward's accumulator has the lse's rows; the Hopper backward's pads each
+// head's rows to whole query blocks (hopper/backward_config.h): room for either.
 size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
   if (!wants_dq_accumulator(bp)) return 0;
   const AttentionParams& p = bp.forward;
-  return round_up(static_cast<size_t>(detail::output_rows(p)) * static_cast<size_t>(p.head_dim) *
-                  sizeof(float));
+  int64_t rows = detail::output_rows(p);
+  if (hopper::backward_has_kernel(p) && !p.mask.any()) {
+    rows = std::max(rows,
+                    p.batch * p.heads_q * hopper::backward_dq_accum_rows(p.seqlen_q, p.head_dim));
+  }
+  return round_up(static_cast<size_t>(rows) * static_cast<size_t>(p.head_dim) * sizeof(float));
 }
 
 // kSimt or SAMATTN_FORCE_SIMT=1: SIMT. kHopper / kTensorCore: that backward or an error saying

@@ -755,7 +755,7 @@ class ScopedHopperBackwardVariant {
   ~ScopedHopperBackwardVariant() { unsetenv("SAMATTN_HOPPER_BWD_VARIANT"); }
 };
 
-// Expects the Hopper backward of a small `dtype` / head_dim 64 call to throw an error that names
+// Expects the Hopper backward of a small `dtype` / `head_dim` call to throw an error that names
 // SAMATTN_HOPPER_BWD_VARIANT (set by the caller).
 void expect_variant_error(DType dtype, int64_t head_dim) {
   BackwardProblem pb({1, 2, 2, 31, 45, head_dim, head_dim}, dtype);
@@ -770,27 +770,26 @@ void expect_variant_error(DType dtype, int64_t head_dim) {
   }
 }
 
-// The benchmark-only variants at bf16 / head_dim 64 (SAMATTN_HOPPER_BWD_VARIANT: block_m64, the
-// 64-row steps; dq_per_warpgroup, a partial dQ per consumer warpgroup; built with
-// -DSAMATTN_HOPPER_TUNING=ON) meet the same rule as the default kernel, atomic and
-// deterministic; a variant that is not built for the call is an error naming the variable,
-// raised before any kernel writes a gradient.
+// The benchmark-only variant (SAMATTN_HOPPER_BWD_VARIANT=reduction_dq: dQ by per-thread vector
+// reductions into a row-major accumulator, the previous default; built for bf16 with
+// -DSAMATTN_HOPPER_TUNING=ON) meets the same rule as the default kernel at both head dims,
+// atomic and deterministic; a variant that is not built for the call is an error naming the
+// variable, raised before any kernel writes a gradient.
 TEST(BackwardHopperRuns, VariantsMatchReference) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
 #ifndef SAMATTN_HOPPER_TUNING
   GTEST_SKIP() << "the backward variants are built with -DSAMATTN_HOPPER_TUNING=ON only";
 #endif
-  const Scenario list[] = {
-      {"variant_dense", {2, 3, 3, 77, 129, 64, 64}},
-      {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, 64, 64}, true, 2},
-      {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, 64, 64}, true},
-      {"variant_long_causal", {1, 1, 1, 1000, 1000, 64, 64}, true, 1, false, 0.3},
-  };
-  for (const char* variant : {"block_m64", "dq_per_warpgroup"}) {
-    const ScopedHopperBackwardVariant scoped(variant);
+  const ScopedHopperBackwardVariant scoped("reduction_dq");
+  for (int64_t d : {64, 128}) {
+    const Scenario list[] = {
+        {"variant_dense", {2, 3, 3, 77, 129, d, d}},
+        {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, d, d}, true, 2},
+        {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, d, d}, true},
+    };
     for (const Scenario& sc : list) {
       for (bool deterministic : {false, true}) {
-        SCOPED_TRACE(std::string(variant) + "/" + sc.name +
+        SCOPED_TRACE(std::string(sc.name) + "/d" + std::to_string(d) +
                      (deterministic ? "/deterministic" : "/atomic"));
         BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
                            sc.seed(), sc.scale);
@@ -799,8 +798,20 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
         expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
       }
     }
-    expect_variant_error(DType::kFloat16, 64);
-    expect_variant_error(DType::kBFloat16, 128);
+  }
+  expect_variant_error(DType::kFloat16, 64);
+  expect_variant_error(DType::kFloat16, 128);
+}
+
+// The Hopper backward's dQ accumulator pads each head's rows to whole query blocks
+// (backward_config.h's chunk layout): the workspace leaves room for it after D's floats.
+TEST(BackwardHopperRuns, WorkspaceHoldsPaddedDqBlocks) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  for (int64_t d : {64, 128}) {
+    BackwardProblem pb({2, 3, 3, 65, 70, d, d}, DType::kBFloat16);
+    const size_t delta = (2 * 3 * 65 * sizeof(float) + 255) / 256 * 256;
+    const size_t dq = 2 * 3 * hopper::backward_dq_accum_rows(65, d) * d * sizeof(float);
+    EXPECT_GE(attention_backward_workspace_bytes(pb.params), delta + dq) << "head_dim " << d;
   }
 }
 
@@ -813,8 +824,8 @@ TEST(BackwardHopperRuns, VariantErrorsNameTheVariable) {
     expect_variant_error(DType::kBFloat16, 64);
   }
 #ifndef SAMATTN_HOPPER_TUNING
-  const ScopedHopperBackwardVariant not_built("block_m64");
-  expect_variant_error(DType::kBFloat16, 64);
+  const ScopedHopperBackwardVariant not_built("reduction_dq");
+  expect_variant_error(DType::kBFloat16, 128);
 #endif
 }
 

@@ -5,6 +5,9 @@
 //  - element i of an S^T fragment is in the row of element 0 or 2 as (i / 2) % 2 says (the mask);
 //  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV, and of dQ the rows
 //    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps);
+//  - the staged dQ's fragment order (thread t's value i of warpgroup w at float
+//    w * 4096 + ((i / 4) * 128 + t) * 4 + i % 4) is backward_config.h's chunk offset of the
+//    value's (row, column), the map the conversion kernel reads back with;
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
 //    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
 //  - the fragments cover every tile element exactly once.
@@ -23,9 +26,10 @@
 using namespace cute;
 using namespace samattn::hopper::bwd;
 
-template <typename Element, int kHeadDim, int kBlockM, bool kDqPerWarpgroup = false>
+template <typename Element, int kHeadDim>
 int check() {
-  using T = Traits<Element, kHeadDim, kBlockM, kDqPerWarpgroup>;
+  using T = Traits<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM;
   int bad = 0;
   const auto report = [&](const char* what, int tid, int i) {
     if (bad++ < 10) {
@@ -44,7 +48,7 @@ int check() {
   Tensor sdSt = make_tensor(make_smem_ptr(base), typename T::SmemLayoutDst{});
   const auto offset = [&](auto&& element) { return long(raw_pointer_cast(&element) - base); };
   std::set<int> sdp_seen, dq_seen, dkv_seen;
-  std::set<long> ds_seen;
+  std::set<long> ds_seen, chunk_seen;
   for (int tid = 0; tid < 256; ++tid) {
     const int warpgroup = tid / 128;
     auto thr_sdp = mma_sdp.get_thread_slice(tid);
@@ -66,16 +70,19 @@ int check() {
         if (buffer == 0) ds_seen.insert(at);
       }
     }
-    Tensor cq =
-        mma_dq.get_thread_slice(tid % T::kDqThreads).partition_C(make_identity_tensor(dq_tile));
+    Tensor cq = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(dq_tile));
+    if (size(cq) != samattn::hopper::kDqFragmentFloats / 128) report("dQ fragment size", tid, -1);
     for (int i = 0; i < size(cq); ++i) {
       const int row = get<0>(cq(i)), col = get<1>(cq(i));
       dq_seen.insert(row * kHeadDim + col);
-      // (kDqPerWarpgroup: each warpgroup holds a partial dQ of the whole tile.)
-      const int owner = kDqPerWarpgroup          ? warpgroup
-                        : T::kDqWarpgroupsM == 2 ? row / 64
-                                                 : col / (kHeadDim / 2);
+      const int owner = T::kDqWarpgroupsM == 2 ? row / 64 : col / (kHeadDim / 2);
       if (owner != warpgroup) report("dQ element outside the warpgroup's half", tid, i);
+      const long staged =
+          warpgroup * samattn::hopper::kDqFragmentFloats + ((i / 4) * 128 + tid % 128) * 4 + i % 4;
+      if (staged != samattn::hopper::backward_dq_chunk_offset(kHeadDim, row, col)) {
+        report("staged dQ order != chunk offset", tid, i);
+      }
+      chunk_seen.insert(staged);
       if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
         report("dQ pair not adjacent", tid, i);
       }
@@ -93,22 +100,21 @@ int check() {
   if (int(sdp_seen.size()) != T::kBlockN * T::kBlockM) report("S^T coverage", -1, -1);
   if (int(ds_seen.size()) != T::kBlockN * T::kBlockM) report("dS store coverage", -1, -1);
   if (int(dq_seen.size()) != T::kBlockM * kHeadDim) report("dQ coverage", -1, -1);
+  if (int(chunk_seen.size()) != T::kBlockM * kHeadDim ||
+      *chunk_seen.rbegin() != kBlockM * kHeadDim - 1) {
+    report("staged dQ chunk coverage", -1, -1);
+  }
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
-  printf("%s D=%d M=%d%s: %d problems, shared memory %d bytes\n",
-         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM,
-         kDqPerWarpgroup ? " dQ per warpgroup" : "", bad, T::kSmemBytes);
+  printf("%s D=%d M=%d: %d problems, shared memory %d bytes\n",
+         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM, bad,
+         T::kSmemBytes);
   return bad;
 }
 
 int main() {
-  // The shipped configurations (backward_block_m) and the benchmark-only variants at D = 64.
-  using samattn::hopper::backward_block_m;
-  const int bad = check<cutlass::bfloat16_t, 64, backward_block_m(64)>() +
-                  check<cutlass::bfloat16_t, 128, backward_block_m(128)>() +
-                  check<cutlass::half_t, 64, backward_block_m(64)>() +
-                  check<cutlass::half_t, 128, backward_block_m(128)>() +
-                  check<cutlass::bfloat16_t, 64, 64>() +
-                  check<cutlass::bfloat16_t, 64, 128, true>();
+  // The shipped configurations (the variant without staged dQ has the same fragments).
+  const int bad = check<cutlass::bfloat16_t, 64>() + check<cutlass::bfloat16_t, 128>() +
+                  check<cutlass::half_t, 64>() + check<cutlass::half_t, 128>();
   printf("%s\n", bad == 0 ? "OK" : "FAIL");
   return bad == 0 ? 0 : 1;
 }

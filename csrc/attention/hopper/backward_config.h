@@ -25,12 +25,10 @@ constexpr bool is_backward_head_dim(int64_t head_dim) {
 constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
 
 // Kernel variants built besides the default in a -DSAMATTN_HOPPER_TUNING=ON build (benchmarks),
-// for bf16 at head_dim 64 only and selected by the environment variable
-// SAMATTN_HOPPER_BWD_VARIANT, to measure alternatives in one process (both measured slower than
-// the default on the H200, benchmarks/NOTES.md): kBlockM64, the 64-row steps of the first
-// version; kDqPerWarpgroup, the 128-row kernel with each consumer warpgroup computing and adding
-// its own partial dQ (no barrier between the warpgroups).
-enum class BackwardVariant { kDefault, kBlockM64, kDqPerWarpgroup };
+// for bf16 and selected by the environment variable SAMATTN_HOPPER_BWD_VARIANT, to measure
+// alternatives in one process: kReductionDq, the previous dQ path (each consumer thread adds its
+// dQ fragment into a row-major accumulator with 8-byte vector reductions).
+enum class BackwardVariant { kDefault, kReductionDq };
 
 // One block = (batch, kv head, kBlockN = 128 keys): a producer warpgroup (one thread issues the
 // TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of the keys
@@ -48,17 +46,44 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 1024;
 };
 
-// K and V tiles, kStages x (Q and dO tiles), the dS buffers, lse and D per stage, barriers
-// (checked against the kernel's SharedStorage by a static_assert in backward_kernel.cuh).
-constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes, int block_m) {
+// dQ of one step in the default kernel: each consumer warpgroup's 64 x 64 fp32 fragment goes to
+// shared memory in fragment order (thread t's values 4j..4j+3 at float4 slot j * 128 + t), and
+// from there with one bulk reduce-add into the accumulator, which keeps that order: per (batch,
+// query head, block of backward_block_m rows) a contiguous chunk of block_m x head_dim floats,
+// warpgroup w's fragment at w * 4096 floats. Rows are padded to whole blocks.
+inline constexpr int kDqFragmentRows = 64;
+inline constexpr int kDqFragmentCols = 64;
+inline constexpr int kDqFragmentFloats = kDqFragmentRows * kDqFragmentCols;
+
+constexpr int64_t backward_dq_accum_rows(int64_t seqlen_q, int64_t head_dim) {
+  const int64_t block_m = backward_block_m(head_dim);
+  return (seqlen_q + block_m - 1) / block_m * block_m;
+}
+
+// Where dQ(row, col) of a block (row < block_m, col < head_dim) lies in the block's chunk.
+// Inside a warpgroup's 64 x 64 fragment (the m64n64 wgmma accumulator): warp row / 16, lane
+// (row % 8) * 4 + (col % 8) / 2; value (col / 8) * 4 + ((row / 8) % 2) * 2 + col % 2. The
+// warpgroups split the block's 128 rows (head_dim 64) or its 128 columns (head_dim 128).
+constexpr int64_t backward_dq_chunk_offset(int64_t head_dim, int row, int col) {
+  const bool split_rows = backward_block_m(head_dim) == 2 * kDqFragmentRows;
+  const int warpgroup = split_rows ? row / kDqFragmentRows : col / kDqFragmentCols;
+  const int r = row % kDqFragmentRows, c = col % kDqFragmentCols;
+  const int thread = r / 16 * 32 + r % 8 * 4 + c % 8 / 2;
+  const int slot = c / 8 * 128 + thread;
+  return int64_t{warpgroup} * kDqFragmentFloats + slot * 4 + r / 8 % 2 * 2 + c % 2;
+}
+
+// K and V tiles, kStages x (Q and dO tiles), the dS buffers, the dQ staging tile, lse and D per
+// stage, barriers (checked against the kernel's SharedStorage by a static_assert in
+// backward_kernel.cuh).
+constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
   using C = BackwardConfig;
+  const int64_t block_m = backward_block_m(head_dim);
   const int64_t tiles = 2 * C::kBlockN * head_dim + 2 * C::kStages * block_m * head_dim +
                         C::kDsBuffers * block_m * C::kBlockN;
+  const int64_t dq_staging = block_m * head_dim * 4;
   const int64_t stats = 2 * C::kStages * block_m * 4;
-  return static_cast<int>(tiles * element_bytes + stats) + C::kBarrierBytes;
-}
-constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
-  return backward_smem_bytes(head_dim, element_bytes, backward_block_m(head_dim));
+  return static_cast<int>(tiles * element_bytes + dq_staging + stats) + C::kBarrierBytes;
 }
 
 }  // namespace samattn::hopper

@@ -1,8 +1,8 @@
 // Internal: the Hopper (sm_90a) attention backward for fp16/bf16 (dK, dV and the atomic dQ), on
 // wgmma and TMA, written with CuTe (from the nvidia-cutlass headers) as a library. D = rowsum(dO
 // * O) comes from the SIMT preprocess kernel; the fp32 dQ accumulator is scaled and rounded by
-// the tensor-core backward's conversion kernel (or, deterministic, dQ comes from its atomic-free
-// dQ kernel and this kernel computes only dK and dV).
+// backward_dq_convert.cuh's kernel (or, deterministic, dQ comes from the tensor-core backward's
+// atomic-free dQ kernel and this kernel computes only dK and dV).
 //
 // One block owns kBlockN = 128 keys of one (batch, kv head) with three warpgroups:
 //  - warpgroup 0, the producer, gives most of its registers away (setmaxnreg). One thread issues
@@ -24,7 +24,10 @@
 //                                                from shared memory; a warpgroup's half is 64
 //                                                query rows at kBlockM = 128, else D / 2 columns)
 //      dK += dS^T Q                             (wgmma, A = dS^T from registers)
-//      dQ added into the fp32 accumulator with 8-byte vector reductions while dK runs.
+//      while dK runs, each warpgroup stores its dQ fragment to shared memory in fragment order
+//      and one of its threads adds it into the fp32 accumulator with one bulk reduce-add
+//      (backward_config.h's chunk layout); kStagedDq = false (a benchmark variant): each thread
+//      adds its fragment into a row-major accumulator with 8-byte vector reductions.
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
 //    atomics) and are rounded and stored once at the end.
 //
@@ -40,9 +43,13 @@
 //    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
 //    only after passing the next step's barrier, which the other warpgroup reaches only after
 //    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
-//    kDqPerWarpgroup: a warpgroup's dQ wgmma reads only the dS columns of its own keys, which
-//    only its own threads write; they meet at the warpgroup's own named barrier, and the next
-//    write of the buffer follows the warpgroup's wait_group 0 of this step.
+//  - dQ staging tile (warpgroup w's 16 KB): written with ordinary st.shared by the warpgroup's
+//    threads after the step's dQ wgmma has landed; each runs fence.proxy.async, they meet at the
+//    warpgroup's named barrier, and only then does its first thread issue the bulk reduce-add
+//    (async proxy) that reads it. That thread waits for the bulk read to finish
+//    (cp.async.bulk.wait_group.read 0) before it arrives at the next step's dS barrier, which
+//    every thread passes before it writes the tile again; and waits for the reduction's
+//    completion before the block exits.
 //  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
 //    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
 //    shared memory before any wgmma takes it, and every register fragment of a step is declared
@@ -69,29 +76,21 @@ using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Named barriers (CUTLASS numbers user barriers after its reserved ones) where the consumers meet
-// once the step's dS is in shared memory: both warpgroups, or (kDqPerWarpgroup) each its own.
+// Named barriers (CUTLASS numbers user barriers after its reserved ones): where the consumers
+// meet once the step's dS is in shared memory, and where the threads of warpgroup w meet once
+// their dQ fragments are in the staging tile (kDqStagedBarrierOfWarpgroup0 + w).
 inline constexpr uint32_t kDsReadyBarrier = 0;
-inline constexpr uint32_t kDsReadyBarrierOfWarpgroup0 = 1;
-// kDqPerWarpgroup: warpgroup 1 starts once warpgroup 0's first S^T and dP^T have landed.
-inline constexpr uint32_t kStaggerBarrier = 3;
+inline constexpr uint32_t kDqStagedBarrierOfWarpgroup0 = 1;
 
-// kDqPerWarpgroup (a benchmark variant): each warpgroup computes a partial dQ of all the step's
-// rows over its own 64 keys and adds it into the accumulator, so the warpgroups never wait for
-// each other's dS (one may run its softmax while the other's GEMMs use the tensor cores), at
-// twice the dQ reduction traffic and a 64-register dQ accumulator. Warpgroup 1 starts half a step
-// late (after warpgroup 0's first S^T / dP^T), so the two do not begin in lock step.
-template <typename Element_, int kHeadDim_, int kBlockM_ = backward_block_m(kHeadDim_),
-          bool kDqPerWarpgroup_ = false>
+// kStagedDq: dQ through shared memory and a bulk reduce-add (the default); false: per-thread
+// vector reductions into a row-major accumulator (a benchmark variant, the previous default).
+template <typename Element_, int kHeadDim_, bool kStagedDq_ = true>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr bool kDqPerWarpgroup = kDqPerWarpgroup_;
-  // Keys dQ = dS K contracts over in one warpgroup, and the threads of its tiled MMA.
-  static constexpr int kDqKeys = kDqPerWarpgroup ? 64 : Cfg::kBlockN;
-  static constexpr int kDqThreads = kDqPerWarpgroup ? 128 : 128 * Cfg::kConsumerWarpgroups;
+  static constexpr int kBlockM = backward_block_m(kHeadDim);
+  static constexpr bool kStagedDq = kStagedDq_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -113,12 +112,9 @@ struct Traits {
   using AlongM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using DqSplit =
       cute::Layout<cute::Shape<cute::Int<kDqWarpgroupsM>, cute::Int<kDqWarpgroupsN>, cute::_1>>;
-  using DqAtomShape =
-      cute::conditional_t<kDqPerWarpgroup, cute::Shape<cute::_64, HeadDim, cute::_64>,
-                          cute::Shape<cute::_64, DqWarpgroupN, BlockN>>;
-  using DqLayout =
-      cute::conditional_t<kDqPerWarpgroup, cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>,
-                          DqSplit>;
+  static_assert(kDqWarpgroupsM * kDqFragmentRows == kBlockM &&
+                    kDqWarpgroupsN * kDqFragmentCols == kHeadDim,
+                "each consumer warpgroup's dQ is one 64 x 64 fragment (backward_config.h)");
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
@@ -130,13 +126,13 @@ struct Traits {
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlockM>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AlongM{}));
-  // dQ = dS K: (query, dim), contraction over the block's keys (kDqPerWarpgroup: over the
-  // warpgroup's own 64, one warpgroup covering the whole tile). A = dS stored query-contiguous,
+  // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
   // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory.
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, DqAtomShape, cute::GMMA::Major::MN,
-                                 cute::GMMA::Major::MN>(),
-      DqLayout{}));
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, DqWarpgroupN, BlockN>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      DqSplit{}));
 
   // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
   using SmemAtomKV =
@@ -173,6 +169,8 @@ struct Traits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
+    // Each consumer warpgroup's dQ fragment, in fragment order (kStagedDq).
+    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     float lse_log2[kStages][kBlockM];  // lse * log2(e) of the step's rows; +inf past seqlen_q
     float delta[kStages][kBlockM];     // D of the step's rows; 0 past seqlen_q
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
@@ -180,7 +178,7 @@ struct Traits {
     cutlass::arch::ClusterBarrier empty[kStages];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= backward_smem_bytes(kHeadDim, sizeof(Element), kBlockM),
+  static_assert(kSmemBytes <= backward_smem_bytes(kHeadDim, sizeof(Element)),
                 "backward_config.h must bound the kernel's shared memory");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
@@ -337,7 +335,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   typename T::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid % T::kDqThreads);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
 
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
@@ -357,9 +355,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M, kBlockN/16, buffer)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
-  // The first 16-key k-block of dQ's contraction in this warpgroup.
-  const int dq_first_kblock = T::kDqPerWarpgroup ? warpgroup * (T::kDqKeys / 16) : 0;
-  Tensor tSsdS = thr_sdp.partition_C(sdSt);  // (MMA, 1, 1, buffer): where dS^T goes
+  Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
 
   const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
   const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
@@ -383,11 +379,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   clear(tdVrdV);
   clear(tdKrdK);
   if (work.steps > 0) shared.barrier_kv.wait(0);
-  if constexpr (T::kDqPerWarpgroup) {
-    if (warpgroup == 1 && work.steps > 0) {
-      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kStaggerBarrier);
-    }
-  }
+  // kStagedDq: the warpgroup's staging tile, and its first thread, which issues the reductions.
+  float4* dq_staging = reinterpret_cast<float4*>(shared.dq.data() + warpgroup * kDqFragmentFloats);
+  const int thread_in_warpgroup = tid % 128;
+  const bool issues_dq = thread_in_warpgroup == 0;
+  const int64_t dq_rows_per_head = backward_dq_accum_rows(f.seqlen_q, kHeadDim);
 
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
@@ -437,11 +433,6 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       tSrS(i) = fast_exp2(x);
     }
     warpgroup_wait<0>();  // dP^T has landed
-    if constexpr (T::kDqPerWarpgroup) {
-      if (warpgroup == 0 && step == 0) {
-        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, kStaggerBarrier);
-      }
-    }
     warpgroup_fence_operand(tSrdP);
     const float* delta = shared.delta[stage];
     CUTE_UNROLL
@@ -467,24 +458,12 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      if constexpr (T::kDqPerWarpgroup) {
-        // Only this warpgroup's dS columns are read: its own threads meet.
-        cutlass::arch::NamedBarrier::sync(128, kDsReadyBarrierOfWarpgroup0 + warpgroup);
-        warpgroup_fence_operand(tdQrdQ);
-        warpgroup_arrive();
-        mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int kb = 0; kb < T::kDqKeys / 16; ++kb) {
-          gemm(mma_dq, tdQrdS(_, _, dq_first_kblock + kb, buffer),
-               tdQrKt(_, _, dq_first_kblock + kb), tdQrdQ);
-          mma_dq.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-      } else {
-        cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
-        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
-                                                                tdQrKt, tdQrdQ);
-      }
+      // The previous step's bulk reduction has read this warpgroup's staging tile before any of
+      // its threads passes the barrier (and then writes the tile again).
+      if (T::kStagedDq && issues_dq) bulk_wait_read_all();
+      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
+      issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+                                                              tdQrKt, tdQrdQ);
     }
     issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage),
                                                             tdKrdK);
@@ -494,7 +473,23 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_fence_operand(tdVrdV);
     warpgroup_fence_operand(tdVrP);
     warpgroup_fence_operand(tdQrdQ);
-    if (accumulate_dq) {
+    if (accumulate_dq && T::kStagedDq) {
+      // The fragment in fragment order (backward_config.h): value 4j + e of this thread at float4
+      // slot j * 128 + thread, so a warp's store is 512 contiguous bytes.
+      CUTE_UNROLL
+      for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
+        dq_staging[j * 128 + thread_in_warpgroup] =
+            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      }
+      cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
+      cutlass::arch::NamedBarrier::sync(128, kDqStagedBarrierOfWarpgroup0 + warpgroup);
+      if (issues_dq) {
+        float* chunk =
+            dq_accum + ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
+        bulk_reduce_add(chunk + warpgroup * kDqFragmentFloats, dq_staging,
+                        kDqFragmentFloats * sizeof(float));
+      }
+    } else if (accumulate_dq) {
       const int rows = static_cast<int>(min(int64_t{kBlockM}, f.seqlen_q - m_begin));
       float* dq_rows = dq_accum + ((work.b * f.heads_q + h) * f.seqlen_q + m_begin) * kHeadDim;
       CUTE_UNROLL
@@ -510,6 +505,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_fence_operand(tdKrdS);
     shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
   }
+  // The block's shared memory must outlive the last bulk reduction's read of it.
+  if (T::kStagedDq && accumulate_dq && issues_dq) bulk_wait_all();
 
   // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
   // n * kv_stride, and keys past kept_keys are never written.

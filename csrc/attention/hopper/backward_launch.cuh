@@ -1,11 +1,13 @@
 // Internal: the body of hopper::launch_backward, included only by the generated instantiation
 // files (compiled for sm_90a alone): zeroes the dQ accumulator, builds the TMA descriptors,
-// launches the dK/dV(/dQ) kernel, then the tensor-core backward's dQ finishing kernel.
+// launches the dK/dV(/dQ) kernel, then the kernel that converts the dQ accumulator (or, when
+// deterministic, the tensor-core backward's dQ kernel).
 #pragma once
 
 #include <cstdint>
 #include <limits>
 
+#include "attention/hopper/backward_dq_convert.cuh"
 #include "attention/hopper/backward_kernel.cuh"
 #include "attention/hopper/backward_launch.h"
 #include "attention/tensor_core/backward_launch.h"
@@ -98,36 +100,46 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
                      cudaStream_t stream) {
   using Element = typename bwd::CuteElement<kDType>::type;
   const detail::ForwardKernelParams& f = p.fwd;
-  const int64_t dq_elements = f.batch * f.heads_q * f.seqlen_q * kHeadDim;
-  if (p.dq_accum != nullptr && dq_elements > 0) {
-    SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
+  // The benchmark-only variant, built for bf16 alone and only in a build with
+  // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused it anywhere
+  // else. Deterministic calls (no dQ in this kernel) run the default kernel.
+#ifdef SAMATTN_HOPPER_TUNING
+  constexpr bool kVariantBuilt = kDType == DType::kBFloat16;
+#else
+  constexpr bool kVariantBuilt = false;
+#endif
+  SAMATTN_CHECK(kVariantBuilt || variant == BackwardVariant::kDefault,
+                "the Hopper backward variants are built for bfloat16 only, with "
+                "-DSAMATTN_HOPPER_TUNING=ON");
+  const bool staged_dq = variant == BackwardVariant::kDefault;
+  SAMATTN_CHECK(!p.skip_zero && !p.skip_convert,
+                "the Hopper backward zeroes and converts its own dQ accumulator (skip_zero and "
+                "skip_convert are for the tensor-core backward's strided parts)");
+  if (p.dq_accum != nullptr) {
+    // The staged dQ's chunk layout pads each head's rows to whole blocks; the variant's
+    // row-major accumulator has seqlen_q rows.
+    const int64_t rows = staged_dq ? backward_dq_accum_rows(f.seqlen_q, kHeadDim) : f.seqlen_q;
+    const int64_t dq_elements = f.batch * f.heads_q * rows * kHeadDim;
+    if (dq_elements > 0) {
+      SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
+    }
   }
   if (f.kept_keys > 0) {
-    // The benchmark-only variants, built for bf16 at head_dim 64 alone and only in a build with
-    // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused them anywhere
-    // else.
-#ifdef SAMATTN_HOPPER_TUNING
-    constexpr bool kVariantsBuilt = kDType == DType::kBFloat16 && kHeadDim == 64;
-#else
-    constexpr bool kVariantsBuilt = false;
-#endif
-    if constexpr (kVariantsBuilt) {
-      if (variant == BackwardVariant::kBlockM64) {
-        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 64>>(p, stream);
-      } else if (variant == BackwardVariant::kDqPerWarpgroup && p.dq_accum != nullptr) {
-        // (Deterministic calls have no dQ in this kernel: the default one computes their dK, dV.)
-        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, 128, true>>(p, stream);
+    if constexpr (kVariantBuilt) {
+      if (!staged_dq && p.dq_accum != nullptr) {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, false>>(p, stream);
       } else {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
       }
     } else {
-      SAMATTN_CHECK(variant == BackwardVariant::kDefault,
-                    "the Hopper backward variants are built for bfloat16 head_dim 64 only, with "
-                    "-DSAMATTN_HOPPER_TUNING=ON");
       bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
     }
   }
-  tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);
+  if (p.dq_accum != nullptr && staged_dq) {
+    launch_backward_dq_convert<Element, kHeadDim>(p, stream);
+  } else {
+    tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);
+  }
 }
 
 }  // namespace samattn::hopper

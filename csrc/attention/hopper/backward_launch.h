@@ -14,19 +14,19 @@
 
 namespace samattn::hopper {
 
-// dK and dV with the wgmma/TMA kernel, and dQ: with params.dq_accum set, added into it by the
-// same kernel and then scaled and rounded by the tensor-core backward's conversion kernel;
-// otherwise by the tensor-core backward's deterministic dQ kernel. D must already be in
-// params.delta. One instantiation per (dtype, head dim), in generated files; `variant` other
-// than kDefault only for bf16 at head_dim 64 (backward_config.h).
+// dK and dV with the wgmma/TMA kernel, and dQ: with params.dq_accum set (room for
+// backward_dq_accum_rows rows per head), added into it by the same kernel and then scaled and
+// rounded by backward_dq_convert.cuh's kernel; otherwise by the tensor-core backward's
+// deterministic dQ kernel. D must already be in params.delta. One instantiation per (dtype, head
+// dim), in generated files; `variant` other than kDefault only for bf16 (backward_config.h).
 template <DType kDType, int kHeadDim>
 void launch_backward(const detail::BackwardKernelParams& params, BackwardVariant variant,
                      cudaStream_t stream);
 
 // The variant the environment variable SAMATTN_HOPPER_BWD_VARIANT asks for (benchmark-only):
-// unset, empty or "default": kDefault; "block_m64" / "dq_per_warpgroup": that variant, built for
-// bf16 at head_dim 64 only and only with -DSAMATTN_HOPPER_TUNING=ON. Any other value, or a variant
-// that is not built for the call, is an error naming the variable.
+// unset, empty or "default": kDefault; "reduction_dq": kReductionDq, built for bf16 only and only
+// with -DSAMATTN_HOPPER_TUNING=ON. Any other value, or a variant that is not built for the call,
+// is an error naming the variable.
 BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim);
 
 // Whether the dtype and head dims have an instantiation (no device query).

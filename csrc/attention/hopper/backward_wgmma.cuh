@@ -82,4 +82,27 @@ __device__ __forceinline__ void reduce_add_pair(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
 
+// dst[0 .. bytes / 4) += src[...] in global memory, one bulk reduce-add from shared memory by the
+// TMA unit (sm_90; bytes a multiple of 16, both addresses 16-byte aligned), committed as its own
+// bulk async-group of the issuing thread. The caller has made src's generic stores visible to the
+// async proxy (fence.proxy.async) and synchronised with the threads that wrote it.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const void* src, uint32_t bytes) {
+  const uint32_t src_shared = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(src_shared), "r"(bytes)
+      : "memory");
+}
+
+// Waits until every bulk async-group of this thread has finished reading its shared memory.
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// Waits until every bulk async-group of this thread has completed.
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 }  // namespace samattn::hopper::bwd
