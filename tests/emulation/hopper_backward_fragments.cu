@@ -5,9 +5,10 @@
 //  - element i of an S^T fragment is in the row of element 0 or 2 as (i / 2) % 2 says (the mask);
 //  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV, and of dQ the rows
 //    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps);
-//  - the staged dQ's fragment order (thread t's value i of warpgroup w at float
-//    w * 4096 + ((i / 4) * 128 + t) * 4 + i % 4) is backward_config.h's chunk offset of the
-//    value's (row, column), the map the conversion kernel reads back with;
+//  - the staged dQ's fragment order (lane l of warp v of warpgroup w puts its value i at float
+//    w * 4096 + (v * 256 + (i / 4) * 32 + l) * 4 + i % 4) is backward_config.h's chunk offset
+//    of the value's (row, column), and backward_dq_slot_position (what the conversion kernel
+//    reads back with) inverts it;
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
 //    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
 //  - the fragments cover every tile element exactly once.
@@ -77,8 +78,8 @@ int check() {
       dq_seen.insert(row * kHeadDim + col);
       const int owner = T::kDqWarpgroupsM == 2 ? row / 64 : col / (kHeadDim / 2);
       if (owner != warpgroup) report("dQ element outside the warpgroup's half", tid, i);
-      const long staged =
-          warpgroup * samattn::hopper::kDqFragmentFloats + ((i / 4) * 128 + tid % 128) * 4 + i % 4;
+      const long staged = warpgroup * samattn::hopper::kDqFragmentFloats +
+                          (tid % 128 / 32 * 256 + (i / 4) * 32 + tid % 32) * 4 + i % 4;
       if (staged != samattn::hopper::backward_dq_chunk_offset(kHeadDim, row, col)) {
         report("staged dQ order != chunk offset", tid, i);
       }
@@ -103,6 +104,17 @@ int check() {
   if (int(chunk_seen.size()) != T::kBlockM * kHeadDim ||
       *chunk_seen.rbegin() != kBlockM * kHeadDim - 1) {
     report("staged dQ chunk coverage", -1, -1);
+  }
+  for (int slot = 0; slot < kBlockM * kHeadDim / 4; ++slot) {
+    const auto at = samattn::hopper::backward_dq_slot_position(kHeadDim, slot);
+    const long expect[4] = {
+        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row, at.col),
+        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row, at.col + 1),
+        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row + 8, at.col),
+        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row + 8, at.col + 1)};
+    for (int e = 0; e < 4; ++e) {
+      if (expect[e] != 4L * slot + e) report("dQ slot position does not invert", slot, e);
+    }
   }
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
   printf("%s D=%d M=%d: %d problems, shared memory %d bytes\n",

@@ -46,31 +46,52 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 1024;
 };
 
-// dQ of one step in the default kernel: each consumer warpgroup's 64 x 64 fp32 fragment goes to
-// shared memory in fragment order (thread t's values 4j..4j+3 at float4 slot j * 128 + t), and
-// from there with one bulk reduce-add into the accumulator, which keeps that order: per (batch,
-// query head, block of backward_block_m rows) a contiguous chunk of block_m x head_dim floats,
-// warpgroup w's fragment at w * 4096 floats. Rows are padded to whole blocks.
+// dQ of one step in the default kernel: each consumer warp's share of its warpgroup's 64 x 64
+// fp32 fragment goes to shared memory in fragment order (lane l's values 4j..4j+3 at float4 slot
+// j * 32 + l of the warp's 256), and from there with one bulk reduce-add per warp into the
+// accumulator, which keeps that order: per (batch, query head, block of backward_block_m rows) a
+// contiguous chunk of block_m x head_dim floats, warpgroup w's fragment at w * 4096 floats and
+// its warp v's slots at v * 256 float4 after that. Rows are padded to whole blocks.
 inline constexpr int kDqFragmentRows = 64;
 inline constexpr int kDqFragmentCols = 64;
 inline constexpr int kDqFragmentFloats = kDqFragmentRows * kDqFragmentCols;
+inline constexpr int kDqWarpSlots = kDqFragmentFloats / 4 / 4;  // float4 slots of one warp
 
 constexpr int64_t backward_dq_accum_rows(int64_t seqlen_q, int64_t head_dim) {
   const int64_t block_m = backward_block_m(head_dim);
   return (seqlen_q + block_m - 1) / block_m * block_m;
 }
 
-// Where dQ(row, col) of a block (row < block_m, col < head_dim) lies in the block's chunk.
-// Inside a warpgroup's 64 x 64 fragment (the m64n64 wgmma accumulator): warp row / 16, lane
-// (row % 8) * 4 + (col % 8) / 2; value (col / 8) * 4 + ((row / 8) % 2) * 2 + col % 2. The
-// warpgroups split the block's 128 rows (head_dim 64) or its 128 columns (head_dim 128).
+// The warpgroups split the block's 128 rows (head_dim 64) or its 128 columns (head_dim 128).
+constexpr bool backward_dq_split_rows(int64_t head_dim) {
+  return backward_block_m(head_dim) == 2 * kDqFragmentRows;
+}
+
+// Where dQ(row, col) of a block (row < block_m, col < head_dim) lies in the block's chunk, in
+// floats. Inside a warpgroup's fragment (the m64n64 wgmma accumulator) the value sits with warp
+// row / 16, lane (row % 8) * 4 + (col % 8) / 2, value (col / 8) * 4 + ((row / 8) % 2) * 2 +
+// col % 2.
 constexpr int64_t backward_dq_chunk_offset(int64_t head_dim, int row, int col) {
-  const bool split_rows = backward_block_m(head_dim) == 2 * kDqFragmentRows;
+  const bool split_rows = backward_dq_split_rows(head_dim);
   const int warpgroup = split_rows ? row / kDqFragmentRows : col / kDqFragmentCols;
   const int r = row % kDqFragmentRows, c = col % kDqFragmentCols;
-  const int thread = r / 16 * 32 + r % 8 * 4 + c % 8 / 2;
-  const int slot = c / 8 * 128 + thread;
+  const int slot = r / 16 * kDqWarpSlots + c / 8 * 32 + r % 8 * 4 + c % 8 / 2;
   return int64_t{warpgroup} * kDqFragmentFloats + slot * 4 + r / 8 % 2 * 2 + c % 2;
+}
+
+// The inverse for a float4 slot of a chunk (slot < block_m * head_dim / 4): the (row, column)
+// of its values 0 and 1 (columns col and col + 1); values 2 and 3 are row + 8, same columns.
+struct DqSlotPosition {
+  int row, col;
+};
+constexpr DqSlotPosition backward_dq_slot_position(int64_t head_dim, int slot) {
+  const int warpgroup = slot / (kDqFragmentFloats / 4);
+  const int in_fragment = slot % (kDqFragmentFloats / 4);
+  const int warp = in_fragment / kDqWarpSlots, j = in_fragment % kDqWarpSlots / 32;
+  const int lane = in_fragment % 32;
+  const int r = warp * 16 + lane / 4, c = j * 8 + lane % 4 * 2;
+  return backward_dq_split_rows(head_dim) ? DqSlotPosition{warpgroup * kDqFragmentRows + r, c}
+                                          : DqSlotPosition{r, warpgroup * kDqFragmentCols + c};
 }
 
 // K and V tiles, kStages x (Q and dO tiles), the dS buffers, the dQ staging tile, lse and D per

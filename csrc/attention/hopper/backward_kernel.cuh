@@ -24,10 +24,10 @@
 //                                                from shared memory; a warpgroup's half is 64
 //                                                query rows at kBlockM = 128, else D / 2 columns)
 //      dK += dS^T Q                             (wgmma, A = dS^T from registers)
-//      while dK runs, each warpgroup stores its dQ fragment to shared memory in fragment order
-//      and one of its threads adds it into the fp32 accumulator with one bulk reduce-add
-//      (backward_config.h's chunk layout); kStagedDq = false (a benchmark variant): each thread
-//      adds its fragment into a row-major accumulator with 8-byte vector reductions.
+//      while dK runs, each warp stores its share of dQ to shared memory in fragment order; once
+//      dK has landed, one of its lanes adds it into the fp32 accumulator with one bulk
+//      reduce-add (backward_config.h's chunk layout); kStagedDq = false (a benchmark variant):
+//      each thread adds its fragment into a row-major accumulator with 8-byte vector reductions.
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
 //    atomics) and are rounded and stored once at the end.
 //
@@ -43,13 +43,12 @@
 //    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
 //    only after passing the next step's barrier, which the other warpgroup reaches only after
 //    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
-//  - dQ staging tile (warpgroup w's 16 KB): written with ordinary st.shared by the warpgroup's
-//    threads after the step's dQ wgmma has landed; each runs fence.proxy.async, they meet at the
-//    warpgroup's named barrier, and only then does its first thread issue the bulk reduce-add
-//    (async proxy) that reads it. That thread waits for the bulk read to finish
-//    (cp.async.bulk.wait_group.read 0) before it arrives at the next step's dS barrier, which
-//    every thread passes before it writes the tile again; and waits for the reduction's
-//    completion before the block exits.
+//  - dQ staging slots (each warp's 4 KB): written with ordinary st.shared by the warp's lanes
+//    after the step's dQ wgmma has landed; each lane runs fence.proxy.async, the warp meets at
+//    __syncwarp, and only then does its first lane issue the bulk reduce-add (async proxy) that
+//    reads them. That lane waits for the bulk read to finish (cp.async.bulk.wait_group.read 0)
+//    before it arrives at the next step's dS barrier, which every lane passes before it writes
+//    the slots again; and waits for the reduction's completion before the block exits.
 //  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
 //    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
 //    shared memory before any wgmma takes it, and every register fragment of a step is declared
@@ -76,11 +75,9 @@ using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Named barriers (CUTLASS numbers user barriers after its reserved ones): where the consumers
-// meet once the step's dS is in shared memory, and where the threads of warpgroup w meet once
-// their dQ fragments are in the staging tile (kDqStagedBarrierOfWarpgroup0 + w).
+// The named barrier (CUTLASS numbers user barriers after its reserved ones) where the consumers
+// meet once the step's dS is in shared memory.
 inline constexpr uint32_t kDsReadyBarrier = 0;
-inline constexpr uint32_t kDqStagedBarrierOfWarpgroup0 = 1;
 
 // kStagedDq: dQ through shared memory and a bulk reduce-add (the default); false: per-thread
 // vector reductions into a row-major accumulator (a benchmark variant, the previous default).
@@ -379,10 +376,12 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   clear(tdVrdV);
   clear(tdKrdK);
   if (work.steps > 0) shared.barrier_kv.wait(0);
-  // kStagedDq: the warpgroup's staging tile, and its first thread, which issues the reductions.
-  float4* dq_staging = reinterpret_cast<float4*>(shared.dq.data() + warpgroup * kDqFragmentFloats);
-  const int thread_in_warpgroup = tid % 128;
-  const bool issues_dq = thread_in_warpgroup == 0;
+  // kStagedDq: the warp's slots of the staging tile, and its first lane, which issues the warp's
+  // reductions; the warp's part of a chunk.
+  const int lane = tid % 32;
+  const int64_t dq_warp_offset = warpgroup * kDqFragmentFloats + tid % 128 / 32 * kDqWarpSlots * 4;
+  float4* dq_staging = reinterpret_cast<float4*>(shared.dq.data() + dq_warp_offset);
+  const bool issues_dq = lane == 0;
   const int64_t dq_rows_per_head = backward_dq_accum_rows(f.seqlen_q, kHeadDim);
 
   for (int64_t step = 0; step < work.steps; ++step) {
@@ -458,8 +457,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      // The previous step's bulk reduction has read this warpgroup's staging tile before any of
-      // its threads passes the barrier (and then writes the tile again).
+      // The previous step's bulk reduction has read this warp's staging slots before any of its
+      // lanes passes the barrier (and then writes them again).
       if (T::kStagedDq && issues_dq) bulk_wait_read_all();
       cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
       issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
@@ -474,20 +473,13 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_fence_operand(tdVrP);
     warpgroup_fence_operand(tdQrdQ);
     if (accumulate_dq && T::kStagedDq) {
-      // The fragment in fragment order (backward_config.h): value 4j + e of this thread at float4
-      // slot j * 128 + thread, so a warp's store is 512 contiguous bytes.
+      // The warp's share in fragment order (backward_config.h): value 4j + e of lane l at float4
+      // slot j * 32 + l, so a warp's store is 512 contiguous bytes. It is reduced once dK has
+      // landed, when the stores have long completed.
       CUTE_UNROLL
       for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-        dq_staging[j * 128 + thread_in_warpgroup] =
+        dq_staging[j * 32 + lane] =
             make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-      }
-      cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
-      cutlass::arch::NamedBarrier::sync(128, kDqStagedBarrierOfWarpgroup0 + warpgroup);
-      if (issues_dq) {
-        float* chunk =
-            dq_accum + ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
-        bulk_reduce_add(chunk + warpgroup * kDqFragmentFloats, dq_staging,
-                        kDqFragmentFloats * sizeof(float));
       }
     } else if (accumulate_dq) {
       const int rows = static_cast<int>(min(int64_t{kBlockM}, f.seqlen_q - m_begin));
@@ -504,6 +496,15 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdKrdS);
     shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
+    if (accumulate_dq && T::kStagedDq) {
+      cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
+      __syncwarp();
+      if (issues_dq) {
+        float* chunk =
+            dq_accum + ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
+        bulk_reduce_add(chunk + dq_warp_offset, dq_staging, kDqWarpSlots * sizeof(float4));
+      }
+    }
   }
   // The block's shared memory must outlive the last bulk reduction's read of it.
   if (T::kStagedDq && accumulate_dq && issues_dq) bulk_wait_all();
