@@ -47,14 +47,18 @@ void launch_backward_preprocess(const detail::BackwardKernelParams& params, cuda
   const int64_t blocks = (rows + kPreprocessRowsPerBlock - 1) / kPreprocessRowsPerBlock;
   SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_q * seqlen_q = ", rows,
                 " query rows exceed the preprocess grid limit");
-  if (rows_are_vectors<Element>(params)) {
-    // Lanes per row: the row's 16-byte chunks rounded up to a power of two, 4 to 32.
-    const int64_t chunks =
-        params.fwd.head_dim_v / (kPreprocessVectorBytes / static_cast<int64_t>(sizeof(Element)));
-    if (chunks <= 4) return launch_vector<Element, 4>(params, rows, stream);
-    if (chunks <= 8) return launch_vector<Element, 8>(params, rows, stream);
-    if (chunks <= 16) return launch_vector<Element, 16>(params, rows, stream);
-    return launch_vector<Element, 32>(params, rows, stream);
+  // The vector kernel for 16-bit elements (the tensor-core paths' inputs); fp32 and fp64 keep
+  // the general kernel (their SIMT backwards spend their time elsewhere).
+  if constexpr (sizeof(Element) == 2) {
+    if (rows_are_vectors<Element>(params)) {
+      // Lanes per row: the row's 16-byte chunks rounded up to a power of two, 4 to 32.
+      const int64_t chunks =
+          params.fwd.head_dim_v / (kPreprocessVectorBytes / static_cast<int64_t>(sizeof(Element)));
+      if (chunks <= 4) return launch_vector<Element, 4>(params, rows, stream);
+      if (chunks <= 8) return launch_vector<Element, 8>(params, rows, stream);
+      if (chunks <= 16) return launch_vector<Element, 16>(params, rows, stream);
+      return launch_vector<Element, 32>(params, rows, stream);
+    }
   }
   backward_preprocess_kernel<Element>
       <<<static_cast<unsigned>(blocks), kPreprocessThreads, 0, stream>>>(params);

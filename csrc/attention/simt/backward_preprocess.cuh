@@ -1,8 +1,8 @@
 // Internal: the backward's first step, D_i = dout_i . out_i for every query row, into the
 // workspace, in the lse's row layout. The general kernel: one warp per row, lanes striding over
 // the columns; the vector kernel (rows of whole, aligned 16-byte chunks): kLanesPerRow lanes per
-// row, one 16-byte load of each tensor per lane and step. Both end in a fixed-order butterfly
-// reduction, so reruns are bit-identical.
+// row, one 16-byte load of each tensor per lane and step (16-bit elements). Both end in a
+// fixed-order butterfly reduction, so reruns are bit-identical.
 #pragma once
 
 #include <cstdint>
