@@ -76,8 +76,8 @@ void attention_forward_into_op(const at::Tensor& query, const at::Tensor& key,
 }
 
 // Runs the backward with the CUDA kernels or, for CPU tensors, the fp64 reference. The CUDA
-// workspace (D and the tensor-core backward's fp32 dQ accumulator) comes from torch's caching
-// allocator, on the current stream.
+// workspace (D and the tensor-core or Hopper backward's fp32 dQ accumulator) comes from torch's
+// caching allocator, on the current stream.
 void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
   try {
     if (query.is_cuda()) {
