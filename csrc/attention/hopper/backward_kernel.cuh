@@ -166,7 +166,8 @@ struct Traits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
-    // Each consumer warpgroup's dQ fragment, in fragment order (kStagedDq).
+    // kStagedDq: each consumer warp's share of its warpgroup's dQ fragment, in fragment order
+    // (the variant leaves it unused).
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     float lse_log2[kStages][kBlockM];  // lse * log2(e) of the step's rows; +inf past seqlen_q
     float delta[kStages][kBlockM];     // D of the step's rows; 0 past seqlen_q
