@@ -45,12 +45,14 @@ size_t delta_bytes(const AttentionParams& p) {
 }
 
 // The tensor-core backward's accumulator has the lse's rows; the Hopper backward's pads each
-// head's rows to whole query blocks (hopper/backward_config.h): room for either.
+// head's rows to whole query blocks (hopper/backward_config.h): room for either backend the
+// call may take.
 size_t dq_accumulator_bytes(const AttentionBackwardParams& bp) {
   if (!wants_dq_accumulator(bp)) return 0;
   const AttentionParams& p = bp.forward;
   int64_t rows = detail::output_rows(p);
-  if (hopper::backward_has_kernel(p) && !p.mask.any()) {
+  const bool may_run_hopper = p.backend == Backend::kAuto || p.backend == Backend::kHopper;
+  if (may_run_hopper && hopper::backward_has_kernel(p) && !p.mask.any()) {
     rows = std::max(rows,
                     p.batch * p.heads_q * hopper::backward_dq_accum_rows(p.seqlen_q, p.head_dim));
   }

@@ -152,7 +152,8 @@ Backend select_backward_backend(const AttentionBackwardParams& params);
 // Bytes of device workspace attention_backward needs for `params` (0 when there is nothing to
 // compute): D (one value per query row) and, when the tensor-core or Hopper backward may run
 // with deterministic = false, their fp32 dQ accumulator (batch * heads_q * seqlen_q * head_dim
-// floats; the Hopper backward's rounds seqlen_q up to whole 64- or 128-row blocks).
+// floats; where backend kAuto or kHopper may take the Hopper backward, seqlen_q rounded up to
+// whole 64- or 128-row blocks).
 // Depends only on the shapes, dtype, backend and deterministic (not on the device).
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params);
 
