@@ -20,6 +20,28 @@ __host__ __device__ inline int64_t preprocess_rows(const detail::ForwardKernelPa
   return f.cu_seqlens_q != nullptr ? f.heads_q * f.total_q : f.batch * f.heads_q * f.seqlen_q;
 }
 
+// Row `row` of out and dout. Rows are in the lse's layout: (batch, heads_q, seqlen_q), or varlen
+// (heads_q, total_q) with the packed tensors' batch strides 0.
+template <typename Element>
+struct PreprocessRow {
+  const Element* out;
+  const Element* dout;
+};
+template <typename Element>
+__device__ __forceinline__ PreprocessRow<Element> preprocess_row(
+    const detail::BackwardKernelParams& p, int64_t row) {
+  const detail::ForwardKernelParams& f = p.fwd;
+  const int64_t rows_per_head = f.cu_seqlens_q != nullptr ? f.total_q : f.seqlen_q;
+  const int64_t query = row % rows_per_head;
+  const int64_t bh = row / rows_per_head;
+  const int64_t b = bh / f.heads_q;
+  const int64_t h = bh % f.heads_q;
+  return {static_cast<const Element*>(f.out) + b * f.o_batch_stride + h * f.o_head_stride +
+              query * f.o_row_stride,
+          static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+              query * p.do_row_stride};
+}
+
 template <typename Element>
 __global__ void __launch_bounds__(kPreprocessThreads)
     backward_preprocess_kernel(const detail::BackwardKernelParams p) {
@@ -27,18 +49,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   const detail::ForwardKernelParams& f = p.fwd;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kPreprocessRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  // Rows in the lse's layout: (batch, heads_q, seqlen_q), or varlen (heads_q, total_q) with the
-  // packed tensors' batch strides 0.
-  const int64_t rows_per_head = f.cu_seqlens_q != nullptr ? f.total_q : f.seqlen_q;
   if (row >= preprocess_rows(f)) return;
-  const int64_t query = row % rows_per_head;
-  const int64_t bh = row / rows_per_head;
-  const int64_t b = bh / f.heads_q;
-  const int64_t h = bh % f.heads_q;
-  const Element* out = static_cast<const Element*>(f.out) + b * f.o_batch_stride +
-                       h * f.o_head_stride + query * f.o_row_stride;
-  const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
-                        h * p.do_head_stride + query * p.do_row_stride;
+  const auto [out, dout] = preprocess_row<Element>(p, row);
   Acc sum = 0;
   for (int col = lane; col < f.head_dim_v; col += 32) sum += widen(dout[col]) * widen(out[col]);
 #pragma unroll
@@ -60,19 +72,11 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   const int64_t warp =
       static_cast<int64_t>(blockIdx.x) * kPreprocessRowsPerBlock + threadIdx.x / 32;
   const int64_t row = warp * kRowsPerWarp + lane / kLanesPerRow;
-  const int64_t rows_per_head = f.cu_seqlens_q != nullptr ? f.total_q : f.seqlen_q;
   // No early return: every lane takes part in the shuffles below.
   const bool real = row < preprocess_rows(f);
   Acc sum = 0;
   if (real) {
-    const int64_t query = row % rows_per_head;
-    const int64_t bh = row / rows_per_head;
-    const int64_t b = bh / f.heads_q;
-    const int64_t h = bh % f.heads_q;
-    const Element* out = static_cast<const Element*>(f.out) + b * f.o_batch_stride +
-                         h * f.o_head_stride + query * f.o_row_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
-                          h * p.do_head_stride + query * p.do_row_stride;
+    const auto [out, dout] = preprocess_row<Element>(p, row);
     for (int col = part * kVec; col < f.head_dim_v; col += kLanesPerRow * kVec) {
       const uint4 o_raw = *reinterpret_cast<const uint4*>(out + col);
       const uint4 do_raw = *reinterpret_cast<const uint4*>(dout + col);
