@@ -6,9 +6,9 @@
 //  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV, and of dQ the rows
 //    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps);
 //  - the staged dQ's fragment order (lane l of warp v of warpgroup w puts its value i at float
-//    w * 4096 + (v * 256 + (i / 4) * 32 + l) * 4 + i % 4) is backward_config.h's chunk offset
-//    of the value's (row, column), and backward_dq_slot_position (what the conversion kernel
-//    reads back with) inverts it;
+//    w * 4096 + (v * 256 + (i / 4) * 32 + l) * 4 + i % 4) is backward_config.h's chunk layout
+//    (dq_chunk_offset below) of the value's (row, column), and backward_dq_slot_position (what the
+//    conversion kernel reads back with) inverts it;
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
 //    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
 //  - the fragments cover every tile element exactly once.
@@ -26,6 +26,18 @@
 
 using namespace cute;
 using namespace samattn::hopper::bwd;
+
+// The chunk layout of backward_config.h written out as a map: where dQ(row, col) of a block lies
+// in its chunk, in floats (the kernel's store order and backward_dq_slot_position are checked
+// against it).
+long dq_chunk_offset(int head_dim, int row, int col) {
+  using namespace samattn::hopper;
+  const bool split_rows = backward_dq_split_rows(head_dim);
+  const int warpgroup = split_rows ? row / kDqFragmentRows : col / kDqFragmentCols;
+  const int r = row % kDqFragmentRows, c = col % kDqFragmentCols;
+  const int slot = r / 16 * kDqWarpSlots + c / 8 * 32 + r % 8 * 4 + c % 8 / 2;
+  return long{warpgroup} * kDqFragmentFloats + slot * 4 + r / 8 % 2 * 2 + c % 2;
+}
 
 template <typename Element, int kHeadDim>
 int check() {
@@ -80,7 +92,7 @@ int check() {
       if (owner != warpgroup) report("dQ element outside the warpgroup's half", tid, i);
       const long staged = warpgroup * samattn::hopper::kDqFragmentFloats +
                           (tid % 128 / 32 * 256 + (i / 4) * 32 + tid % 32) * 4 + i % 4;
-      if (staged != samattn::hopper::backward_dq_chunk_offset(kHeadDim, row, col)) {
+      if (staged != dq_chunk_offset(kHeadDim, row, col)) {
         report("staged dQ order != chunk offset", tid, i);
       }
       chunk_seen.insert(staged);
@@ -107,11 +119,10 @@ int check() {
   }
   for (int slot = 0; slot < kBlockM * kHeadDim / 4; ++slot) {
     const auto at = samattn::hopper::backward_dq_slot_position(kHeadDim, slot);
-    const long expect[4] = {
-        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row, at.col),
-        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row, at.col + 1),
-        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row + 8, at.col),
-        samattn::hopper::backward_dq_chunk_offset(kHeadDim, at.row + 8, at.col + 1)};
+    const long expect[4] = {dq_chunk_offset(kHeadDim, at.row, at.col),
+                            dq_chunk_offset(kHeadDim, at.row, at.col + 1),
+                            dq_chunk_offset(kHeadDim, at.row + 8, at.col),
+                            dq_chunk_offset(kHeadDim, at.row + 8, at.col + 1)};
     for (int e = 0; e < 4; ++e) {
       if (expect[e] != 4L * slot + e) report("dQ slot position does not invert", slot, e);
     }

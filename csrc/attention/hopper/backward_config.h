@@ -67,20 +67,10 @@ constexpr bool backward_dq_split_rows(int64_t head_dim) {
   return backward_block_m(head_dim) == 2 * kDqFragmentRows;
 }
 
-// Where dQ(row, col) of a block (row < block_m, col < head_dim) lies in the block's chunk, in
-// floats. Inside a warpgroup's fragment (the m64n64 wgmma accumulator) the value sits with warp
-// row / 16, lane (row % 8) * 4 + (col % 8) / 2, value (col / 8) * 4 + ((row / 8) % 2) * 2 +
-// col % 2.
-constexpr int64_t backward_dq_chunk_offset(int64_t head_dim, int row, int col) {
-  const bool split_rows = backward_dq_split_rows(head_dim);
-  const int warpgroup = split_rows ? row / kDqFragmentRows : col / kDqFragmentCols;
-  const int r = row % kDqFragmentRows, c = col % kDqFragmentCols;
-  const int slot = r / 16 * kDqWarpSlots + c / 8 * 32 + r % 8 * 4 + c % 8 / 2;
-  return int64_t{warpgroup} * kDqFragmentFloats + slot * 4 + r / 8 % 2 * 2 + c % 2;
-}
-
-// The inverse for a float4 slot of a chunk (slot < block_m * head_dim / 4): the (row, column)
-// of its values 0 and 1 (columns col and col + 1); values 2 and 3 are row + 8, same columns.
+// A float4 slot of a chunk (slot < block_m * head_dim / 4) holds, in its values 0 and 1, dQ(row,
+// col) and dQ(row, col + 1) of the block, and in values 2 and 3 the same columns of row + 8.
+// Inside a warpgroup's fragment (the m64n64 wgmma accumulator) a value sits with warp row / 16,
+// lane (row % 8) * 4 + (col % 8) / 2 and value (col / 8) * 4 + ((row / 8) % 2) * 2 + col % 2.
 struct DqSlotPosition {
   int row, col;
 };
