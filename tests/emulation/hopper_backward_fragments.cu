@@ -8,7 +8,8 @@
 //  - the staged dQ's fragment order (lane l of warp v of warpgroup w puts its value i at float
 //    w * 4096 + (v * 256 + (i / 4) * 32 + l) * 4 + i % 4) is backward_config.h's chunk layout
 //    (dq_chunk_offset below) of the value's (row, column), and backward_dq_slot_position (what the
-//    conversion kernel reads back with) inverts it;
+//    conversion kernel reads back with) inverts it, each quad of slots covering 8 consecutive
+//    columns;
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
 //    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
 //  - the fragments cover every tile element exactly once.
@@ -125,6 +126,11 @@ int check() {
                             dq_chunk_offset(kHeadDim, at.row + 8, at.col + 1)};
     for (int e = 0; e < 4; ++e) {
       if (expect[e] != 4L * slot + e) report("dQ slot position does not invert", slot, e);
+    }
+    // The conversion kernel's quads: slot 4u + e holds columns col + 2e of the quad's rows.
+    const auto first = samattn::hopper::backward_dq_slot_position(kHeadDim, slot / 4 * 4);
+    if (first.col % 8 != 0 || at.row != first.row || at.col != first.col + 2 * (slot % 4)) {
+      report("dQ slot quad is not 8 consecutive columns", slot, -1);
     }
   }
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
