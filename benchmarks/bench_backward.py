@@ -17,7 +17,7 @@ exceeds 5e-2 for any gradient is reported as wrong, not timed.
   python benchmarks/bench_backward.py --json $OUT/backward.json           # the sweep
   python benchmarks/bench_backward.py --seqlens 4096 --head-dims 128 --deterministic
   python benchmarks/bench_backward.py --skip sm80 \
-      --variant red:SAMATTN_HOPPER_BWD_VARIANT=reduction_dq   # a built variant as a column
+      --variant split:SAMATTN_HOPPER_BWD_VARIANT=split_dq   # a built variant as a column
 
 A variant (--variant NAME:VAR=VALUE[:HEAD_DIMS]) is the Hopper path timed with the environment
 variable VAR=VALUE set around its backward calls (the launcher reads it on every call), at the

@@ -773,8 +773,8 @@ void expect_variant_error(DType dtype, int64_t head_dim) {
   }
 }
 
-// The benchmark-only variant (SAMATTN_HOPPER_BWD_VARIANT=reduction_dq: dQ by per-thread vector
-// reductions into a row-major accumulator, the previous default; built for bf16 with
+// The benchmark-only variant (SAMATTN_HOPPER_BWD_VARIANT=split_dq: both consumer warpgroups
+// compute half of every step's dQ, the previous default; built for bf16 with
 // -DSAMATTN_HOPPER_TUNING=ON) meets the same rule as the default kernel at both head dims,
 // atomic and deterministic; a variant that is not built for the call is an error naming the
 // variable, raised before any kernel writes a gradient.
@@ -783,7 +783,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
 #ifndef SAMATTN_HOPPER_TUNING
   GTEST_SKIP() << "the backward variants are built with -DSAMATTN_HOPPER_TUNING=ON only";
 #endif
-  const ScopedHopperBackwardVariant scoped("reduction_dq");
+  const ScopedHopperBackwardVariant scoped("split_dq");
   for (int64_t d : {64, 128}) {
     const Scenario list[] = {
         {"variant_dense", {2, 3, 3, 77, 129, d, d}},
@@ -827,7 +827,7 @@ TEST(BackwardHopperRuns, VariantErrorsNameTheVariable) {
     expect_variant_error(DType::kBFloat16, 64);
   }
 #ifndef SAMATTN_HOPPER_TUNING
-  const ScopedHopperBackwardVariant not_built("reduction_dq");
+  const ScopedHopperBackwardVariant not_built("split_dq");
   expect_variant_error(DType::kBFloat16, 128);
 #endif
 }

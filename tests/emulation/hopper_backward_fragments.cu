@@ -3,13 +3,13 @@
 //  - every accumulator element pair (2i, 2i + 1) of S^T, dQ and dK/dV is two adjacent columns of
 //    one row (the kernel packs them into one 32-bit store / one 8-byte reduction);
 //  - element i of an S^T fragment is in the row of element 0 or 2 as (i / 2) % 2 says (the mask);
-//  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV, and of dQ the rows
-//    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps);
-//  - the staged dQ's fragment order (lane l of warp v of warpgroup w puts its value i at float
-//    w * 4096 + (v * 256 + (i / 4) * 32 + l) * 4 + i % 4) is backward_config.h's chunk layout
-//    (dq_chunk_offset below) of the value's (row, column), and backward_dq_slot_position (what the
-//    conversion kernel reads back with) inverts it, each quad of slots covering 8 consecutive
-//    columns;
+//  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV; the warpgroup that
+//    computes a step's dQ owns all of it (the split variant: warpgroup w owns the rows
+//    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps));
+//  - where the kernel stages a dQ value (Traits::dq_chunk_float) is backward_config.h's chunk
+//    layout (dq_chunk_offset below) of the value's (row, column), and backward_dq_slot_position
+//    (what the conversion kernel reads back with) inverts it, each quad of slots covering 8
+//    consecutive columns;
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
 //    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
 //  - the fragments cover every tile element exactly once.
@@ -40,9 +40,9 @@ long dq_chunk_offset(int head_dim, int row, int col) {
   return long{warpgroup} * kDqFragmentFloats + slot * 4 + r / 8 % 2 * 2 + c % 2;
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kAlternateDq>
 int check() {
-  using T = Traits<Element, kHeadDim>;
+  using T = Traits<Element, kHeadDim, kAlternateDq>;
   constexpr int kBlockM = T::kBlockM;
   int bad = 0;
   const auto report = [&](const char* what, int tid, int i) {
@@ -84,21 +84,27 @@ int check() {
         if (buffer == 0) ds_seen.insert(at);
       }
     }
-    Tensor cq = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(dq_tile));
-    if (size(cq) != samattn::hopper::kDqFragmentFloats / 128) report("dQ fragment size", tid, -1);
-    for (int i = 0; i < size(cq); ++i) {
-      const int row = get<0>(cq(i)), col = get<1>(cq(i));
-      dq_seen.insert(row * kHeadDim + col);
-      const int owner = T::kDqWarpgroupsM == 2 ? row / 64 : col / (kHeadDim / 2);
-      if (owner != warpgroup) report("dQ element outside the warpgroup's half", tid, i);
-      const long staged = warpgroup * samattn::hopper::kDqFragmentFloats +
-                          (tid % 128 / 32 * 256 + (i / 4) * 32 + tid % 32) * 4 + i % 4;
-      if (staged != dq_chunk_offset(kHeadDim, row, col)) {
-        report("staged dQ order != chunk offset", tid, i);
+    // dQ's threads: one warpgroup's 128 (either consumer warpgroup, by turns), or the split's 256.
+    if (tid < int(size(mma_dq))) {
+      Tensor cq = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(dq_tile));
+      if (size(cq) != T::kDqFragmentsPerThread * samattn::hopper::kDqFragmentFloats / 128) {
+        report("dQ fragment size", tid, -1);
       }
-      chunk_seen.insert(staged);
-      if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
-        report("dQ pair not adjacent", tid, i);
+      for (int i = 0; i < size(cq); ++i) {
+        const int row = get<0>(cq(i)), col = get<1>(cq(i));
+        dq_seen.insert(row * kHeadDim + col);
+        const int owner = T::kDqWarpgroupsM == 2 ? row / 64 : col / (kHeadDim / 2);
+        if (!kAlternateDq && owner != warpgroup) {
+          report("dQ element outside the warpgroup's half", tid, i);
+        }
+        const long staged = T::dq_chunk_float(tid, i);
+        if (staged != dq_chunk_offset(kHeadDim, row, col)) {
+          report("staged dQ order != chunk offset", tid, i);
+        }
+        chunk_seen.insert(staged);
+        if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
+          report("dQ pair not adjacent", tid, i);
+        }
       }
     }
     Tensor ck = mma_dkv.get_thread_slice(tid).partition_C(make_identity_tensor(dkv_tile));
@@ -134,16 +140,18 @@ int check() {
     }
   }
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
-  printf("%s D=%d M=%d: %d problems, shared memory %d bytes\n",
-         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM, bad,
-         T::kSmemBytes);
+  printf("%s D=%d M=%d %s: %d problems, shared memory %d bytes\n",
+         cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM,
+         kAlternateDq ? "alternating dQ" : "split dQ", bad, T::kSmemBytes);
   return bad;
 }
 
 int main() {
-  // The shipped configurations (the variant without staged dQ has the same fragments).
-  const int bad = check<cutlass::bfloat16_t, 64>() + check<cutlass::bfloat16_t, 128>() +
-                  check<cutlass::half_t, 64>() + check<cutlass::half_t, 128>();
+  // The shipped configurations and the split variant (bf16, tuning builds).
+  const int bad = check<cutlass::bfloat16_t, 64, true>() + check<cutlass::bfloat16_t, 128, true>() +
+                  check<cutlass::half_t, 64, true>() + check<cutlass::half_t, 128, true>() +
+                  check<cutlass::bfloat16_t, 64, false>() +
+                  check<cutlass::bfloat16_t, 128, false>();
   printf("%s\n", bad == 0 ? "OK" : "FAIL");
   return bad == 0 ? 0 : 1;
 }

@@ -26,9 +26,9 @@ constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 :
 
 // Kernel variants built besides the default in a -DSAMATTN_HOPPER_TUNING=ON build (benchmarks),
 // for bf16 and selected by the environment variable SAMATTN_HOPPER_BWD_VARIANT, to measure
-// alternatives in one process: kReductionDq, the previous dQ path (each consumer thread adds its
-// dQ fragment into a row-major accumulator with 8-byte vector reductions).
-enum class BackwardVariant { kDefault, kReductionDq };
+// alternatives in one process: kSplitDq, the previous dQ schedule (both consumer warpgroups meet
+// at a barrier every step and compute half of the step's dQ each).
+enum class BackwardVariant { kDefault, kSplitDq };
 
 // One block = (batch, kv head, kBlockN = 128 keys): a producer warpgroup (one thread issues the
 // TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of the keys

@@ -19,15 +19,19 @@
 //      P^T = exp2(S^T scale log2 e - lse log2 e), masked; dS^T = P^T (dP^T - D)
 //      P^T, dS^T rounded to 16 bits; dS^T -> shared memory
 //      dV += P^T dO                             (wgmma, A = P^T from registers)
-//      both warpgroups meet at a named barrier, then compute one half of dQ each
-//      dQ = dS K                                (wgmma over the block's 128 keys, both operands
-//                                                from shared memory; a warpgroup's half is 64
-//                                                query rows at kBlockM = 128, else D / 2 columns)
 //      dK += dS^T Q                             (wgmma, A = dS^T from registers)
-//      while dK runs, each warp stores its share of dQ to shared memory in fragment order; once
-//      dK has landed, one of its lanes adds it into the fp32 accumulator with one bulk
-//      reduce-add (backward_config.h's chunk layout); kStagedDq = false (a benchmark variant):
-//      each thread adds its fragment into a row-major accumulator with 8-byte vector reductions.
+//      dQ = dS K                                (wgmma over the block's 128 keys, both operands
+//                                                from shared memory)
+//    dQ contracts over both warpgroups' keys, so it needs both halves of dS. The warpgroups take
+//    turns: on even steps warpgroup 1 (the second consumer) computes the whole step's dQ once
+//    warpgroup 0 has arrived at the step's named barrier (arrive does not wait), on odd steps the
+//    other way round; the one that only arrives goes straight on to the next step's S^T and dP^T,
+//    so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy (with
+//    both meeting every step their softmax phases coincided and the tensor cores idled). The dQ
+//    warpgroup stores dQ to shared memory in the chunk's order and each of its warps' first lane
+//    adds its slots into the fp32 accumulator with bulk reduce-adds (backward_config.h's chunk
+//    layout). kAlternateDq = false (a benchmark variant, the previous schedule): both meet at
+//    the barrier every step and compute half of dQ each.
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
 //    atomics) and are rounded and stored once at the end.
 //
@@ -38,17 +42,22 @@
 //    read by the consumers after full[s] completes (TMA complete_tx plus the 32 arrivals, which
 //    release the statistics warp's stores; the mbarrier wait acquires them).
 //  - dS buffer (step & 1): written with ordinary st.shared by the consumers; each thread then
-//    runs fence.proxy.async (its generic writes become visible to the async proxy), the 256
-//    consumer threads meet at a named barrier, and only then is the dQ wgmma (async proxy)
-//    issued that reads it. The buffer is written again two steps later; a warpgroup gets there
-//    only after passing the next step's barrier, which the other warpgroup reaches only after
-//    its wgmma.wait_group 1 of this step (which covers its dQ wgmma: groups complete in order).
-//  - dQ staging slots (each warp's 4 KB): written with ordinary st.shared by the warp's lanes
-//    after the step's dQ wgmma has landed; each lane runs fence.proxy.async, the warp meets at
-//    __syncwarp, and only then does its first lane issue the bulk reduce-add (async proxy) that
-//    reads them. That lane waits for the bulk read to finish (cp.async.bulk.wait_group.read 0)
-//    before it arrives at the next step's dS barrier, which every lane passes before it writes
-//    the slots again; and waits for the reduction's completion before the block exits.
+//    runs fence.proxy.async (its generic writes become visible to the async proxy) before it
+//    arrives at (or syncs on) the step's named barrier, and only after the barrier is the dQ
+//    wgmma (async proxy) issued that reads it. The buffer is written again two steps later. The
+//    dQ warpgroup of step s writes it then after its own wgmma.wait_group 0 of step s; the other
+//    warpgroup computes dQ at step s + 1 and so passes that step's barrier, which needs the dQ
+//    warpgroup of step s to arrive, which it does only after its wait_group 0 of step s. (The
+//    variant: both pass every barrier, and reach the next one only after the wait_group 1 that
+//    covers their dQ wgmma.) The barriers of consecutive steps have different ids, so an arrival
+//    for step s + 1 can never complete the barrier of step s.
+//  - dQ staging tile (4 KB of each warp per 64 x 64 fragment): written with ordinary st.shared
+//    by the dQ warpgroup's lanes after the step's dQ wgmma has landed; each lane runs
+//    fence.proxy.async, the warp meets at __syncwarp, and only then does its first lane issue
+//    the bulk reduce-adds (async proxy) that read them. Every step, before its barrier (arrive
+//    or sync), that lane waits for its bulk reads to finish (cp.async.bulk.wait_group.read 0), so
+//    whichever warpgroup writes the tile next (after passing a later barrier) finds it read; it
+//    waits for the reductions' completion before the block exits.
 //  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
 //    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
 //    shared memory before any wgmma takes it, and every register fragment of a step is declared
@@ -79,15 +88,16 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // meet once the step's dS is in shared memory.
 inline constexpr uint32_t kDsReadyBarrier = 0;
 
-// kStagedDq: dQ through shared memory and a bulk reduce-add (the default); false: per-thread
-// vector reductions into a row-major accumulator (a benchmark variant, the previous default).
-template <typename Element_, int kHeadDim_, bool kStagedDq_ = true>
+// kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns (the default);
+// false: both compute half of it after meeting at a barrier (a benchmark variant, the previous
+// default).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_ = true>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
-  static constexpr bool kStagedDq = kStagedDq_;
+  static constexpr bool kAlternateDq = kAlternateDq_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -97,21 +107,35 @@ struct Traits {
   using DsBuffers = cute::Int<Cfg::kDsBuffers>;
   static_assert(kBlockN == 64 * Cfg::kConsumerWarpgroups, "a consumer warpgroup owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 128, "dQ is split by rows (128) or columns (64)");
-  // dQ's split over the two consumer warpgroups: by 64-row halves when there are 128 query rows,
-  // else by column halves.
-  static constexpr int kDqWarpgroupsM = kBlockM / 64;
-  static constexpr int kDqWarpgroupsN = Cfg::kConsumerWarpgroups / kDqWarpgroupsM;
+  // The warpgroups computing one step's dQ, and their split of it: the variant splits it over
+  // both, by 64-row halves when there are 128 query rows, else by column halves.
+  static constexpr int kDqWarpgroups = kAlternateDq ? 1 : Cfg::kConsumerWarpgroups;
+  static constexpr int kDqWarpgroupsM = kAlternateDq ? 1 : kBlockM / 64;
+  static constexpr int kDqWarpgroupsN = kDqWarpgroups / kDqWarpgroupsM;
   static_assert(kHeadDim % (16 * kDqWarpgroupsN) == 0, "dQ's column split is whole wgmma tiles");
   using DqWarpgroupN = cute::Int<kHeadDim / kDqWarpgroupsN>;
+  // 64 x 64 fragments (backward_config.h) of the step's dQ per thread of a dQ warpgroup.
+  static constexpr int kDqFragmentsPerThread = 2 / kDqWarpgroups;
+  static_assert(kBlockM * kHeadDim == 2 * kDqFragmentFloats, "a step's dQ is two fragments");
 
   // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products; dQ = dS K
   // splits as kDqWarpgroupsM x kDqWarpgroupsN.
   using AlongM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using DqSplit =
       cute::Layout<cute::Shape<cute::Int<kDqWarpgroupsM>, cute::Int<kDqWarpgroupsN>, cute::_1>>;
-  static_assert(kDqWarpgroupsM * kDqFragmentRows == kBlockM &&
-                    kDqWarpgroupsN * kDqFragmentCols == kHeadDim,
-                "each consumer warpgroup's dQ is one 64 x 64 fragment (backward_config.h)");
+
+  // Where value i of a dQ thread's fragment lies in the block's chunk (backward_config.h), in
+  // floats; dq_thread is the thread's index in the dQ warpgroups (0..127 when one warpgroup
+  // computes dQ, 0..255 for the split). Values 32 f .. 32 f + 31 are 64 x 64 fragment f (of the
+  // thread's warpgroup in the split), in fragment order: value 4j + e of lane l at float4 slot
+  // j * 32 + l of the warp's kDqWarpSlots.
+  static constexpr int64_t dq_chunk_float(int dq_thread, int i) {
+    constexpr int kPerFragment = kDqFragmentFloats / 128;
+    const int fragment = kAlternateDq ? i / kPerFragment : dq_thread / 128;
+    const int warp = dq_thread % 128 / 32, lane = dq_thread % 32, j = i % kPerFragment / 4;
+    return int64_t{fragment} * kDqFragmentFloats + (warp * kDqWarpSlots + j * 32 + lane) * 4 +
+           i % 4;
+  }
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
@@ -124,12 +148,14 @@ struct Traits {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AlongM{}));
   // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
-  // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory.
+  // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory. One
+  // warpgroup tiles the 128 query rows at head_dim 64 with two 64-row atoms.
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, DqWarpgroupN, BlockN>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
       DqSplit{}));
+  static_assert(cute::size(TiledMmaDQ{}) == 128 * kDqWarpgroups, "dQ's warpgroups");
 
   // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
   using SmemAtomKV =
@@ -166,8 +192,7 @@ struct Traits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
-    // kStagedDq: each consumer warp's share of its warpgroup's dQ fragment, in fragment order
-    // (the variant leaves it unused).
+    // The step's dQ in the chunk's order (dq_chunk_float), read by the bulk reductions.
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     float lse_log2[kStages][kBlockM];  // lse * log2(e) of the step's rows; +inf past seqlen_q
     float delta[kStages][kBlockM];     // D of the step's rows; 0 past seqlen_q
@@ -314,6 +339,18 @@ __device__ __forceinline__ void load_row_statistics(const detail::BackwardKernel
   }
 }
 
+// Stores a dQ thread's fragment into the staging tile in the chunk's order
+// (Traits::dq_chunk_float): a value quad is one 16-byte store, a warp's 512 contiguous bytes.
+template <typename T, typename Fragment>
+__device__ __forceinline__ void stage_dq(const Fragment& dq, typename T::SharedStorage& shared,
+                                         int dq_thread) {
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(dq); i += 4) {
+    *reinterpret_cast<float4*>(shared.dq.data() + T::dq_chunk_float(dq_thread, i)) =
+        make_float4(dq(i), dq(i + 1), dq(i + 2), dq(i + 3));
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                         typename T::SharedStorage& shared,
@@ -333,7 +370,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   typename T::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  // dQ's thread index: one warpgroup's, or both (the split variant).
+  auto thr_dq = mma_dq.get_thread_slice(T::kAlternateDq ? tid % 128 : tid);
 
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
@@ -360,9 +398,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   const auto dq_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
   Tensor tdVrdV = partition_fragment_C(mma_dkv, dkv_tile);
   Tensor tdKrdK = partition_fragment_C(mma_dkv, dkv_tile);
-  // (key, query) of every S^T element, (query, dim) of every dQ element, (key, dim) of dK / dV.
+  // (key, query) of every S^T element, (key, dim) of every dK / dV element.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(sdp_tile));
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(dq_tile));
   Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(dkv_tile));
   // A thread holds two key rows of its warp's 16: element i of an accumulator is in row half
   // (i / 2) % 2 (wgmma's fragment order: column pair, row half, 8-column group).
@@ -377,11 +414,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   clear(tdVrdV);
   clear(tdKrdK);
   if (work.steps > 0) shared.barrier_kv.wait(0);
-  // kStagedDq: the warp's slots of the staging tile, and its first lane, which issues the warp's
-  // reductions; the warp's part of a chunk.
+  // Each warp's first lane issues the warp's bulk reductions of its slots of the staging tile.
   const int lane = tid % 32;
-  const int64_t dq_warp_offset = warpgroup * kDqFragmentFloats + tid % 128 / 32 * kDqWarpSlots * 4;
-  float4* dq_staging = reinterpret_cast<float4*>(shared.dq.data() + dq_warp_offset);
   const bool issues_dq = lane == 0;
   const int64_t dq_rows_per_head = backward_dq_accum_rows(f.seqlen_q, kHeadDim);
 
@@ -391,13 +425,17 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     const int buffer = static_cast<int>(step & 1);
     const int64_t h = work.head(p, step);
     const int64_t m_begin = work.m_block(step) * kBlockM;
+    // kAlternateDq: warpgroup 1 computes the dQ of even steps, warpgroup 0 that of odd ones, each
+    // after the other has arrived at the step's barrier (one per step parity: a warpgroup may
+    // arrive for step + 1 before the other has passed the barrier of step).
+    const bool computes_dq = accumulate_dq && (!T::kAlternateDq || warpgroup != buffer);
+    const uint32_t ds_barrier = kDsReadyBarrier + (T::kAlternateDq ? buffer : 0);
 
     // The step's fragments are declared here, not above the loop: a wgmma reads its accumulator
     // operand even when told to zero it, so an accumulator that outlived the step would stay
     // live (and take registers) across the whole loop.
     Tensor tSrS = partition_fragment_C(mma_sdp, sdp_tile);   // S^T, then P^T (fp32)
     Tensor tSrdP = partition_fragment_C(mma_sdp, sdp_tile);  // dP^T, then dS^T (fp32)
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
     Tensor tdVrP = make_tensor<Element>(accumulator_as_a_operand(tSrS.layout()));
     Tensor tdKrdS = make_tensor<Element>(accumulator_as_a_operand(tSrdP.layout()));
     static_assert(size<2>(decltype(tdVrP){}) == kBlockM / 16, "one P^T k-block per 16 queries");
@@ -440,8 +478,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       tSrdP(i) = tSrS(i) * (tSrdP(i) - delta[get<1>(tScS(i))]);
     }
     // Nothing is in flight here, so S^T and dP^T (64 fp32 registers) become the 16-bit P^T and
-    // dS^T (16 registers) before the next three GEMMs take registers: dK, dV, P^T, dS^T and dQ
-    // then fit the consumers' 240 registers.
+    // dS^T (16 registers) before the next GEMMs take registers.
     convert_pairs<Element>(tSrS, tdVrP);
     convert_pairs<Element>(tSrdP, tdKrdS);
     if (accumulate_dq) {
@@ -458,57 +495,71 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      // The previous step's bulk reduction has read this warp's staging slots before any of its
-      // lanes passes the barrier (and then writes them again).
-      if (T::kStagedDq && issues_dq) bulk_wait_read_all();
-      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, kDsReadyBarrier);
-      issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
-                                                              tdQrKt, tdQrdQ);
+      // The previous bulk reductions have read the warp's staging slots before any lane passes
+      // (or, arriving, lets the other warpgroup pass) the barrier that precedes writing them.
+      if (issues_dq) bulk_wait_read_all();
+      if (!computes_dq) {
+        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, ds_barrier);
+      } else if (!T::kAlternateDq) {
+        cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_barrier);
+      }
+    }
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
+    if constexpr (!T::kAlternateDq) {
+      if (accumulate_dq) {
+        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+                                                                tdQrKt, tdQrdQ);
+      }
     }
     issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage),
                                                             tdKrdK);
-    // dV and dQ have landed (groups complete in order); dK += dS^T Q runs on while dQ is added
-    // into the accumulator.
-    warpgroup_wait<1>();
+    if constexpr (T::kAlternateDq) {
+      if (computes_dq) {
+        cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_barrier);
+        // dV has landed: P^T's registers are free before dQ's accumulator takes 64 more.
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tdVrP);
+        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+                                                                tdQrKt, tdQrdQ);
+        warpgroup_wait<1>();  // dK has landed
+      } else {
+        warpgroup_wait<0>();
+      }
+    } else {
+      // dV and dQ have landed; dK += dS^T Q runs on while dQ is staged.
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tdQrdQ);
+      if (accumulate_dq) stage_dq<T>(tdQrdQ, shared, tid);
+      warpgroup_wait<0>();
+    }
     warpgroup_fence_operand(tdVrdV);
     warpgroup_fence_operand(tdVrP);
-    warpgroup_fence_operand(tdQrdQ);
-    if (accumulate_dq && T::kStagedDq) {
-      // The warp's share in fragment order (backward_config.h): value 4j + e of lane l at float4
-      // slot j * 32 + l, so a warp's store is 512 contiguous bytes. It is reduced once dK has
-      // landed, when the stores have long completed.
-      CUTE_UNROLL
-      for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-        dq_staging[j * 32 + lane] =
-            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-      }
-    } else if (accumulate_dq) {
-      const int rows = static_cast<int>(min(int64_t{kBlockM}, f.seqlen_q - m_begin));
-      float* dq_rows = dq_accum + ((work.b * f.heads_q + h) * f.seqlen_q + m_begin) * kHeadDim;
-      CUTE_UNROLL
-      for (int i = 0; i < size(tdQrdQ); i += 2) {
-        const int row = get<0>(tdQcdQ(i));
-        if (row < rows) {
-          reduce_add_pair(dq_rows + row * kHeadDim + get<1>(tdQcdQ(i)), tdQrdQ(i), tdQrdQ(i + 1));
-        }
-      }
-    }
-    warpgroup_wait<0>();
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdKrdS);
     shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
-    if (accumulate_dq && T::kStagedDq) {
+    if (computes_dq) {
+      if constexpr (T::kAlternateDq) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdQrdQ);
+        stage_dq<T>(tdQrdQ, shared, tid % 128);
+      }
       cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
       __syncwarp();
       if (issues_dq) {
+        const int dq_thread = T::kAlternateDq ? tid % 128 : tid;
         float* chunk =
             dq_accum + ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
-        bulk_reduce_add(chunk + dq_warp_offset, dq_staging, kDqWarpSlots * sizeof(float4));
+        CUTE_UNROLL
+        for (int fragment = 0; fragment < T::kDqFragmentsPerThread; ++fragment) {
+          const int64_t piece = T::dq_chunk_float(dq_thread, fragment * kDqFragmentFloats / 128);
+          bulk_reduce_add(chunk + piece, shared.dq.data() + piece, kDqWarpSlots * sizeof(float4));
+        }
       }
     }
   }
   // The block's shared memory must outlive the last bulk reduction's read of it.
-  if (T::kStagedDq && accumulate_dq && issues_dq) bulk_wait_all();
+  if (accumulate_dq && issues_dq) bulk_wait_all();
 
   // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
   // n * kv_stride, and keys past kept_keys are never written.

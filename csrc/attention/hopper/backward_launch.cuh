@@ -111,14 +111,12 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
   SAMATTN_CHECK(kVariantBuilt || variant == BackwardVariant::kDefault,
                 "the Hopper backward variants are built for bfloat16 only, with "
                 "-DSAMATTN_HOPPER_TUNING=ON");
-  const bool staged_dq = variant == BackwardVariant::kDefault;
   SAMATTN_CHECK(!p.skip_zero && !p.skip_convert,
                 "the Hopper backward zeroes and converts its own dQ accumulator (skip_zero and "
                 "skip_convert are for the tensor-core backward's strided parts)");
   if (p.dq_accum != nullptr) {
-    // The staged dQ's chunk layout pads each head's rows to whole blocks; the variant's
-    // row-major accumulator has seqlen_q rows.
-    const int64_t rows = staged_dq ? backward_dq_accum_rows(f.seqlen_q, kHeadDim) : f.seqlen_q;
+    // The chunk layout pads each head's rows to whole blocks.
+    const int64_t rows = backward_dq_accum_rows(f.seqlen_q, kHeadDim);
     const int64_t dq_elements = f.batch * f.heads_q * rows * kHeadDim;
     if (dq_elements > 0) {
       SAMATTN_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, dq_elements * sizeof(float), stream));
@@ -126,7 +124,7 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
   }
   if (f.kept_keys > 0) {
     if constexpr (kVariantBuilt) {
-      if (!staged_dq && p.dq_accum != nullptr) {
+      if (variant == BackwardVariant::kSplitDq && p.dq_accum != nullptr) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, false>>(p, stream);
       } else {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
@@ -135,7 +133,7 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
       bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
     }
   }
-  if (p.dq_accum != nullptr && staged_dq) {
+  if (p.dq_accum != nullptr) {
     launch_backward_dq_convert<Element, kHeadDim>(p, stream);
   } else {
     tensor_core::launch_backward_dq<kDType, kHeadDim>(p, stream);

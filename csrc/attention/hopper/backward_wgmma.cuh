@@ -76,12 +76,6 @@ __device__ __forceinline__ void convert_pairs(const TAcc& acc, TOut& out) {
   }
 }
 
-// dst[0..1] += {a, b} in global memory, one 8-byte vector reduction (sm_90): no return value, so
-// the issuing thread does not wait for it.
-__device__ __forceinline__ void reduce_add_pair(float* dst, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
-}
-
 // dst[0 .. bytes / 4) += src[...] in global memory, one bulk reduce-add from shared memory by the
 // TMA unit (sm_90; bytes a multiple of 16, both addresses 16-byte aligned), committed as its own
 // bulk async-group of the issuing thread. The caller has made src's generic stores visible to the
