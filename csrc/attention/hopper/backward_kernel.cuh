@@ -363,7 +363,9 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   const detail::BackwardKernelParams& p = params.p;
   const detail::ForwardKernelParams& f = p.fwd;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255 over the consumer warpgroups
-  const int warpgroup = tid / 128;
+  // Read through a shuffle so that ptxas knows it is uniform over the warp: branches on it (who
+  // computes dQ) then do not count as divergent paths, where ptxas would serialize every wgmma.
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
 
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmaDKV mma_dkv;
