@@ -773,37 +773,39 @@ void expect_variant_error(DType dtype, int64_t head_dim) {
   }
 }
 
-// The benchmark-only variant (SAMATTN_HOPPER_BWD_VARIANT=split_dq: both consumer warpgroups
-// compute half of every step's dQ, the previous default; built for bf16 with
-// -DSAMATTN_HOPPER_TUNING=ON) meets the same rule as the default kernel at both head dims,
-// atomic and deterministic; a variant that is not built for the call is an error naming the
-// variable, raised before any kernel writes a gradient.
+// The benchmark-only variants (SAMATTN_HOPPER_BWD_VARIANT=split_dq / alternate_dq: the two dQ
+// schedules of backward_config.h, each forced at both head dims, so each head dim also runs the
+// schedule it does not use by default; built for bf16 with -DSAMATTN_HOPPER_TUNING=ON) meet the
+// same rule as the default kernel, atomic and deterministic; a variant that is not built for the
+// call is an error naming the variable, raised before any kernel writes a gradient.
 TEST(BackwardHopperRuns, VariantsMatchReference) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
 #ifndef SAMATTN_HOPPER_TUNING
   GTEST_SKIP() << "the backward variants are built with -DSAMATTN_HOPPER_TUNING=ON only";
 #endif
-  const ScopedHopperBackwardVariant scoped("split_dq");
-  for (int64_t d : {64, 128}) {
-    const Scenario list[] = {
-        {"variant_dense", {2, 3, 3, 77, 129, d, d}},
-        {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, d, d}, true, 2},
-        {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, d, d}, true},
-    };
-    for (const Scenario& sc : list) {
-      for (bool deterministic : {false, true}) {
-        SCOPED_TRACE(std::string(sc.name) + "/d" + std::to_string(d) +
-                     (deterministic ? "/deterministic" : "/atomic"));
-        BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
-                           sc.seed(), sc.scale);
-        pb.params.forward.backend = Backend::kHopper;
-        pb.params.deterministic = deterministic;
-        expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
+  for (const char* variant : {"split_dq", "alternate_dq"}) {
+    const ScopedHopperBackwardVariant scoped(variant);
+    for (int64_t d : {64, 128}) {
+      const Scenario list[] = {
+          {"variant_dense", {2, 3, 3, 77, 129, d, d}},
+          {"variant_kv_stride2_causal", {1, 2, 2, 150, 150, d, d}, true, 2},
+          {"variant_gqa_4to1_causal", {1, 8, 2, 130, 140, d, d}, true},
+      };
+      for (const Scenario& sc : list) {
+        for (bool deterministic : {false, true}) {
+          SCOPED_TRACE(std::string(variant) + "/" + sc.name + "/d" + std::to_string(d) +
+                       (deterministic ? "/deterministic" : "/atomic"));
+          BackwardProblem pb(sc.shape, DType::kBFloat16, sc.causal, sc.kv_stride, sc.seq_major,
+                             sc.seed(), sc.scale);
+          pb.params.forward.backend = Backend::kHopper;
+          pb.params.deterministic = deterministic;
+          expect_matches_reference(pb, sc, Rule::kRoundsPAndDs);
+        }
       }
     }
+    expect_variant_error(DType::kFloat16, 64);
+    expect_variant_error(DType::kFloat16, 128);
   }
-  expect_variant_error(DType::kFloat16, 64);
-  expect_variant_error(DType::kFloat16, 128);
 }
 
 // The Hopper backward's dQ accumulator pads each head's rows to whole query blocks

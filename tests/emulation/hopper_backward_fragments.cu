@@ -147,11 +147,14 @@ int check() {
 }
 
 int main() {
-  // The shipped configurations and the split variant (bf16, tuning builds).
-  const int bad = check<cutlass::bfloat16_t, 64, true>() + check<cutlass::bfloat16_t, 128, true>() +
-                  check<cutlass::half_t, 64, true>() + check<cutlass::half_t, 128, true>() +
-                  check<cutlass::bfloat16_t, 64, false>() +
-                  check<cutlass::bfloat16_t, 128, false>();
+  // Both dQ schedules at both head dims (the shipped ones per backward_alternates_dq for both
+  // dtypes; the others for bf16, as tuning builds instantiate them).
+  using samattn::hopper::backward_alternates_dq;
+  const int bad = check<cutlass::bfloat16_t, 64, true>() + check<cutlass::bfloat16_t, 64, false>() +
+                  check<cutlass::bfloat16_t, 128, true>() +
+                  check<cutlass::bfloat16_t, 128, false>() +
+                  check<cutlass::half_t, 64, backward_alternates_dq(64)>() +
+                  check<cutlass::half_t, 128, backward_alternates_dq(128)>();
   printf("%s\n", bad == 0 ? "OK" : "FAIL");
   return bad == 0 ? 0 : 1;
 }

@@ -24,11 +24,16 @@ constexpr bool is_backward_head_dim(int64_t head_dim) {
 // where dK and dV alone take 128 registers.
 constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
 
-// Kernel variants built besides the default in a -DSAMATTN_HOPPER_TUNING=ON build (benchmarks),
-// for bf16 and selected by the environment variable SAMATTN_HOPPER_BWD_VARIANT, to measure
-// alternatives in one process: kSplitDq, the previous dQ schedule (both consumer warpgroups meet
-// at a barrier every step and compute half of the step's dQ each).
-enum class BackwardVariant { kDefault, kSplitDq };
+// Who computes a step's dQ = dS K (it needs both consumer warpgroups' halves of dS): at head
+// dim 64 the warpgroups take turns, one computing the whole of it while the other runs ahead
+// into its next step (1.02-1.10x the split below, H200, NOTES stop 24); at 128 both meet at a
+// barrier every step and compute half each (there the turns measured 0.95-1.00x).
+constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64; }
+
+// A tuning build (-DSAMATTN_HOPPER_TUNING=ON, benchmarks) also builds, for bf16, the schedule a
+// head dim does not use by default; the environment variable SAMATTN_HOPPER_BWD_VARIANT selects
+// either one explicitly, to measure both in one process.
+enum class BackwardVariant { kDefault, kSplitDq, kAlternateDq };
 
 // One block = (batch, kv head, kBlockN = 128 keys): a producer warpgroup (one thread issues the
 // TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of the keys
@@ -84,15 +89,15 @@ constexpr DqSlotPosition backward_dq_slot_position(int64_t head_dim, int slot) {
                                           : DqSlotPosition{r, warpgroup * kDqFragmentCols + c};
 }
 
-// K and V tiles, kStages x (Q and dO tiles), the dS buffers, the dQ staging tile, lse and D per
-// stage, barriers (checked against the kernel's SharedStorage by a static_assert in
-// backward_kernel.cuh).
+// K and V tiles, kStages x (Q and dO tiles), the dS buffers, a dQ staging tile per consumer
+// warpgroup, lse and D per stage, barriers (checked against the kernel's SharedStorage by a
+// static_assert in backward_kernel.cuh). 227 KiB at head dim 64, 226 KiB at 128.
 constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
   using C = BackwardConfig;
   const int64_t block_m = backward_block_m(head_dim);
   const int64_t tiles = 2 * C::kBlockN * head_dim + 2 * C::kStages * block_m * head_dim +
                         C::kDsBuffers * block_m * C::kBlockN;
-  const int64_t dq_staging = block_m * head_dim * 4;
+  const int64_t dq_staging = C::kConsumerWarpgroups * block_m * head_dim * 4;
   const int64_t stats = 2 * C::kStages * block_m * 4;
   return static_cast<int>(tiles * element_bytes + dq_staging + stats) + C::kBarrierBytes;
 }

@@ -30,8 +30,8 @@
 //    both meeting every step their softmax phases coincided and the tensor cores idled). The dQ
 //    warpgroup stores dQ to shared memory in the chunk's order and each of its warps' first lane
 //    adds its slots into the fp32 accumulator with bulk reduce-adds (backward_config.h's chunk
-//    layout). kAlternateDq = false (a benchmark variant, the previous schedule): both meet at
-//    the barrier every step and compute half of dQ each.
+//    layout). kAlternateDq = false: both meet at the barrier every step and compute half of dQ
+//    each (backward_config.h: backward_alternates_dq picks the schedule per head dim).
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
 //    atomics) and are rounded and stored once at the end.
 //
@@ -51,13 +51,12 @@
 //    variant: both pass every barrier, and reach the next one only after the wait_group 1 that
 //    covers their dQ wgmma.) The barriers of consecutive steps have different ids, so an arrival
 //    for step s + 1 can never complete the barrier of step s.
-//  - dQ staging tile (4 KB of each warp per 64 x 64 fragment): written with ordinary st.shared
-//    by the dQ warpgroup's lanes after the step's dQ wgmma has landed; each lane runs
-//    fence.proxy.async, the warp meets at __syncwarp, and only then does its first lane issue
-//    the bulk reduce-adds (async proxy) that read them. Every step, before its barrier (arrive
-//    or sync), that lane waits for its bulk reads to finish (cp.async.bulk.wait_group.read 0), so
-//    whichever warpgroup writes the tile next (after passing a later barrier) finds it read; it
-//    waits for the reductions' completion before the block exits.
+//  - dQ staging tiles (one per consumer warpgroup; 4 KB of each warp per 64 x 64 fragment): a
+//    warp's slots are written only by its own lanes (ordinary st.shared, after the step's dQ
+//    wgmma has landed) and read only by the bulk reduce-adds its first lane issues after every
+//    lane ran fence.proxy.async and the warp met at __syncwarp. Before the warp writes them
+//    again, that lane waits for its bulk reads to finish (cp.async.bulk.wait_group.read 0) and
+//    the warp meets again; it waits for the reductions' completion before the block exits.
 //  - Register operands (the A fragments P^T and dS^T, every accumulator) belong to the tensor
 //    cores from the wgmma issue until the wgmma.wait_group that covers it: dS^T is stored to
 //    shared memory before any wgmma takes it, and every register fragment of a step is declared
@@ -88,10 +87,10 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // meet once the step's dS is in shared memory.
 inline constexpr uint32_t kDsReadyBarrier = 0;
 
-// kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns (the default);
-// false: both compute half of it after meeting at a barrier (a benchmark variant, the previous
-// default).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_ = true>
+// kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
+// compute half of it after meeting at a barrier (backward_config.h says which one each head dim
+// runs).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -192,8 +191,10 @@ struct Traits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
-    // The step's dQ in the chunk's order (dq_chunk_float), read by the bulk reductions.
-    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
+    // Per consumer warpgroup, the dQ it computed last in the chunk's order (dq_chunk_float), read
+    // by the bulk reductions. A warp writes and reduces only its own slots of its warpgroup's
+    // tile, so reusing them needs nothing beyond the warp's own bulk-read wait.
+    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq[Cfg::kConsumerWarpgroups];
     float lse_log2[kStages][kBlockM];  // lse * log2(e) of the step's rows; +inf past seqlen_q
     float delta[kStages][kBlockM];     // D of the step's rows; 0 past seqlen_q
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
@@ -339,14 +340,20 @@ __device__ __forceinline__ void load_row_statistics(const detail::BackwardKernel
   }
 }
 
-// Stores a dQ thread's fragment into the staging tile in the chunk's order
+// Stores a dQ thread's fragment into its warpgroup's staging tile in the chunk's order
 // (Traits::dq_chunk_float): a value quad is one 16-byte store, a warp's 512 contiguous bytes.
+// Before a warp writes its staging slots again: its first lane waits until the bulk reductions
+// it issued have read them, and the warp meets.
+__device__ __forceinline__ void wait_staging_read(bool issues_dq) {
+  if (issues_dq) bulk_wait_read_all();
+  __syncwarp();
+}
+
 template <typename T, typename Fragment>
-__device__ __forceinline__ void stage_dq(const Fragment& dq, typename T::SharedStorage& shared,
-                                         int dq_thread) {
+__device__ __forceinline__ void stage_dq(const Fragment& dq, float* staging, int dq_thread) {
   CUTE_UNROLL
   for (int i = 0; i < cute::size(dq); i += 4) {
-    *reinterpret_cast<float4*>(shared.dq.data() + T::dq_chunk_float(dq_thread, i)) =
+    *reinterpret_cast<float4*>(staging + T::dq_chunk_float(dq_thread, i)) =
         make_float4(dq(i), dq(i + 1), dq(i + 2), dq(i + 3));
   }
 }
@@ -416,9 +423,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   clear(tdVrdV);
   clear(tdKrdK);
   if (work.steps > 0) shared.barrier_kv.wait(0);
-  // Each warp's first lane issues the warp's bulk reductions of its slots of the staging tile.
+  // Each warp's first lane issues the warp's bulk reductions of its slots of its warpgroup's
+  // staging tile.
   const int lane = tid % 32;
   const bool issues_dq = lane == 0;
+  float* dq_staging = shared.dq[warpgroup].data();
   const int64_t dq_rows_per_head = backward_dq_accum_rows(f.seqlen_q, kHeadDim);
 
   for (int64_t step = 0; step < work.steps; ++step) {
@@ -497,9 +506,6 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      // The previous bulk reductions have read the warp's staging slots before any lane passes
-      // (or, arriving, lets the other warpgroup pass) the barrier that precedes writing them.
-      if (issues_dq) bulk_wait_read_all();
       if (!computes_dq) {
         cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, ds_barrier);
       } else if (!T::kAlternateDq) {
@@ -532,7 +538,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       // dV and dQ have landed; dK += dS^T Q runs on while dQ is staged.
       warpgroup_wait<1>();
       warpgroup_fence_operand(tdQrdQ);
-      if (accumulate_dq) stage_dq<T>(tdQrdQ, shared, tid);
+      if (accumulate_dq) {
+        wait_staging_read(issues_dq);
+        stage_dq<T>(tdQrdQ, dq_staging, tid);
+      }
       warpgroup_wait<0>();
     }
     warpgroup_fence_operand(tdVrdV);
@@ -544,7 +553,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       if constexpr (T::kAlternateDq) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ);
-        stage_dq<T>(tdQrdQ, shared, tid % 128);
+        wait_staging_read(issues_dq);
+        stage_dq<T>(tdQrdQ, dq_staging, tid % 128);
       }
       cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
       __syncwarp();
@@ -555,7 +565,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         CUTE_UNROLL
         for (int fragment = 0; fragment < T::kDqFragmentsPerThread; ++fragment) {
           const int64_t piece = T::dq_chunk_float(dq_thread, fragment * kDqFragmentFloats / 128);
-          bulk_reduce_add(chunk + piece, shared.dq.data() + piece, kDqWarpSlots * sizeof(float4));
+          bulk_reduce_add(chunk + piece, dq_staging + piece, kDqWarpSlots * sizeof(float4));
         }
       }
     }

@@ -100,9 +100,9 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
                      cudaStream_t stream) {
   using Element = typename bwd::CuteElement<kDType>::type;
   const detail::ForwardKernelParams& f = p.fwd;
-  // The benchmark-only variant, built for bf16 alone and only in a build with
-  // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused it anywhere
-  // else. Deterministic calls (no dQ in this kernel) run the default kernel.
+  // The benchmark-only variants, built for bf16 alone and only in a build with
+  // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused them anywhere
+  // else.
 #ifdef SAMATTN_HOPPER_TUNING
   constexpr bool kVariantBuilt = kDType == DType::kBFloat16;
 #else
@@ -123,14 +123,19 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
     }
   }
   if (f.kept_keys > 0) {
+    constexpr bool kDefaultAlternates = backward_alternates_dq(kHeadDim);
+    using DefaultTraits = bwd::Traits<Element, kHeadDim, kDefaultAlternates>;
+    const bool other_schedule = variant != BackwardVariant::kDefault &&
+                                (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
     if constexpr (kVariantBuilt) {
-      if (variant == BackwardVariant::kSplitDq && p.dq_accum != nullptr) {
-        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, false>>(p, stream);
+      // Deterministic calls compute no dQ here: both schedules are the same kernel then.
+      if (other_schedule && p.dq_accum != nullptr) {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, !kDefaultAlternates>>(p, stream);
       } else {
-        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
+        bwd::launch_backward_kernel<DefaultTraits>(p, stream);
       }
     } else {
-      bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim>>(p, stream);
+      bwd::launch_backward_kernel<DefaultTraits>(p, stream);
     }
   }
   if (p.dq_accum != nullptr) {
