@@ -26,8 +26,8 @@ constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 :
 
 // Who computes a step's dQ = dS K (it needs both consumer warpgroups' halves of dS): at head
 // dim 64 the warpgroups take turns, one computing the whole of it while the other runs ahead
-// into its next step (1.02-1.10x the split below, H200, NOTES stop 24); at 128 both meet at a
-// barrier every step and compute half each (there the turns measured 0.95-1.00x).
+// into its next step (1.02-1.06x the split below, H200, benchmarks/NOTES.md stop 24); at 128
+// both meet at a barrier every step and compute half each (there the turns measured 0.95-0.98x).
 constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64; }
 
 // A tuning build (-DSAMATTN_HOPPER_TUNING=ON, benchmarks) also builds, for bf16, the schedule a

@@ -48,9 +48,9 @@
 //    dQ warpgroup of step s writes it then after its own wgmma.wait_group 0 of step s; the other
 //    warpgroup computes dQ at step s + 1 and so passes that step's barrier, which needs the dQ
 //    warpgroup of step s to arrive, which it does only after its wait_group 0 of step s. (The
-//    variant: both pass every barrier, and reach the next one only after the wait_group 1 that
-//    covers their dQ wgmma.) The barriers of consecutive steps have different ids, so an arrival
-//    for step s + 1 can never complete the barrier of step s.
+//    split schedule: both pass every barrier, and reach the next one only after the wait_group 1
+//    that covers their dQ wgmma.) The barriers of consecutive steps have different ids, so an
+//    arrival for step s + 1 can never complete the barrier of step s.
 //  - dQ staging tiles (one per consumer warpgroup; 4 KB of each warp per 64 x 64 fragment): a
 //    warp's slots are written only by its own lanes (ordinary st.shared, after the step's dQ
 //    wgmma has landed) and read only by the bulk reduce-adds its first lane issues after every
@@ -106,8 +106,8 @@ struct Traits {
   using DsBuffers = cute::Int<Cfg::kDsBuffers>;
   static_assert(kBlockN == 64 * Cfg::kConsumerWarpgroups, "a consumer warpgroup owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 128, "dQ is split by rows (128) or columns (64)");
-  // The warpgroups computing one step's dQ, and their split of it: the variant splits it over
-  // both, by 64-row halves when there are 128 query rows, else by column halves.
+  // The warpgroups computing one step's dQ, and their split of it: the split schedule divides it
+  // over both, by 64-row halves when there are 128 query rows, else by column halves.
   static constexpr int kDqWarpgroups = kAlternateDq ? 1 : Cfg::kConsumerWarpgroups;
   static constexpr int kDqWarpgroupsM = kAlternateDq ? 1 : kBlockM / 64;
   static constexpr int kDqWarpgroupsN = kDqWarpgroups / kDqWarpgroupsM;
@@ -340,8 +340,6 @@ __device__ __forceinline__ void load_row_statistics(const detail::BackwardKernel
   }
 }
 
-// Stores a dQ thread's fragment into its warpgroup's staging tile in the chunk's order
-// (Traits::dq_chunk_float): a value quad is one 16-byte store, a warp's 512 contiguous bytes.
 // Before a warp writes its staging slots again: its first lane waits until the bulk reductions
 // it issued have read them, and the warp meets.
 __device__ __forceinline__ void wait_staging_read(bool issues_dq) {
@@ -349,6 +347,8 @@ __device__ __forceinline__ void wait_staging_read(bool issues_dq) {
   __syncwarp();
 }
 
+// Stores a dQ thread's fragment into its warpgroup's staging tile in the chunk's order
+// (Traits::dq_chunk_float): a value quad is one 16-byte store, a warp's 512 contiguous bytes.
 template <typename T, typename Fragment>
 __device__ __forceinline__ void stage_dq(const Fragment& dq, float* staging, int dq_thread) {
   CUTE_UNROLL
@@ -379,7 +379,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   typename T::TiledMmaDQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
-  // dQ's thread index: one warpgroup's, or both (the split variant).
+  // dQ's thread index: one warpgroup's, or both (the split schedule).
   auto thr_dq = mma_dq.get_thread_slice(T::kAlternateDq ? tid % 128 : tid);
 
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
