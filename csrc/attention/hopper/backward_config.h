@@ -51,12 +51,12 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 1024;
 };
 
-// dQ of one step in the default kernel: each consumer warp's share of its warpgroup's 64 x 64
-// fp32 fragment goes to shared memory in fragment order (lane l's values 4j..4j+3 at float4 slot
-// j * 32 + l of the warp's 256), and from there with one bulk reduce-add per warp into the
-// accumulator, which keeps that order: per (batch, query head, block of backward_block_m rows) a
-// contiguous chunk of block_m x head_dim floats, warpgroup w's fragment at w * 4096 floats and
-// its warp v's slots at v * 256 float4 after that. Rows are padded to whole blocks.
+// dQ of one step is two 64 x 64 fp32 fragments (the m64n64 wgmma accumulator's layout, whichever
+// warpgroup computed them). Each goes to shared memory in fragment order (lane l of warp v puts
+// its values 4j..4j+3 at float4 slot v * 256 + j * 32 + l), and from there with one bulk
+// reduce-add per warp and fragment into the accumulator, which keeps that order: per (batch,
+// query head, block of backward_block_m rows) a contiguous chunk of block_m x head_dim floats,
+// fragment f at f * 4096 floats. Rows are padded to whole blocks.
 inline constexpr int kDqFragmentRows = 64;
 inline constexpr int kDqFragmentCols = 64;
 inline constexpr int kDqFragmentFloats = kDqFragmentRows * kDqFragmentCols;
@@ -67,26 +67,26 @@ constexpr int64_t backward_dq_accum_rows(int64_t seqlen_q, int64_t head_dim) {
   return (seqlen_q + block_m - 1) / block_m * block_m;
 }
 
-// The warpgroups split the block's 128 rows (head_dim 64) or its 128 columns (head_dim 128).
+// The two fragments split the block's 128 rows (head_dim 64) or its 128 columns (head_dim 128).
 constexpr bool backward_dq_split_rows(int64_t head_dim) {
   return backward_block_m(head_dim) == 2 * kDqFragmentRows;
 }
 
 // A float4 slot of a chunk (slot < block_m * head_dim / 4) holds, in its values 0 and 1, dQ(row,
 // col) and dQ(row, col + 1) of the block, and in values 2 and 3 the same columns of row + 8.
-// Inside a warpgroup's fragment (the m64n64 wgmma accumulator) a value sits with warp row / 16,
+// Inside a fragment (the m64n64 wgmma accumulator) a value sits with warp row / 16,
 // lane (row % 8) * 4 + (col % 8) / 2 and value (col / 8) * 4 + ((row / 8) % 2) * 2 + col % 2.
 struct DqSlotPosition {
   int row, col;
 };
 constexpr DqSlotPosition backward_dq_slot_position(int64_t head_dim, int slot) {
-  const int warpgroup = slot / (kDqFragmentFloats / 4);
+  const int fragment = slot / (kDqFragmentFloats / 4);
   const int in_fragment = slot % (kDqFragmentFloats / 4);
   const int warp = in_fragment / kDqWarpSlots, j = in_fragment % kDqWarpSlots / 32;
   const int lane = in_fragment % 32;
   const int r = warp * 16 + lane / 4, c = j * 8 + lane % 4 * 2;
-  return backward_dq_split_rows(head_dim) ? DqSlotPosition{warpgroup * kDqFragmentRows + r, c}
-                                          : DqSlotPosition{r, warpgroup * kDqFragmentCols + c};
+  return backward_dq_split_rows(head_dim) ? DqSlotPosition{fragment * kDqFragmentRows + r, c}
+                                          : DqSlotPosition{r, fragment * kDqFragmentCols + c};
 }
 
 // K and V tiles, kStages x (Q and dO tiles), the dS buffers, a dQ staging tile per consumer

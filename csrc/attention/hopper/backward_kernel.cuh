@@ -380,7 +380,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   // dQ's thread index: one warpgroup's, or both (the split schedule).
-  auto thr_dq = mma_dq.get_thread_slice(T::kAlternateDq ? tid % 128 : tid);
+  const int dq_thread = T::kAlternateDq ? tid % 128 : tid;
+  auto thr_dq = mma_dq.get_thread_slice(dq_thread);
 
   Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
@@ -540,7 +541,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       warpgroup_fence_operand(tdQrdQ);
       if (accumulate_dq) {
         wait_staging_read(issues_dq);
-        stage_dq<T>(tdQrdQ, dq_staging, tid);
+        stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
       warpgroup_wait<0>();
     }
@@ -554,12 +555,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ);
         wait_staging_read(issues_dq);
-        stage_dq<T>(tdQrdQ, dq_staging, tid % 128);
+        stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
       cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
       __syncwarp();
       if (issues_dq) {
-        const int dq_thread = T::kAlternateDq ? tid % 128 : tid;
         float* chunk =
             dq_accum + ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
         CUTE_UNROLL
