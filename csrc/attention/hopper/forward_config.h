@@ -53,8 +53,9 @@ struct ForwardTile {
 // Head dim 64: S (64 fp32 registers per thread at 128 keys), P (32) and O (32) leave room, and
 // 3 stages of K and V (96 KiB) keep the copy engine ahead of a MUFU-bound softmax; 2 Q tiles
 // (32 KiB). Per key block and consumer warp the GEMMs take 512 tensor clocks and 64 ex2 per
-// thread 512 MUFU clocks: one exponential in 8 on the FMA pipe (~12 more issue slots each)
-// takes the MUFU to 448 and keeps the issue slots under the tensor time.
+// thread 512 MUFU clocks. One exponential in 8 on the FMA pipe would take the MUFU to 448, but
+// with two consumer warpgroups its registers make ptxas serialize the wgmmas (C7511), so no
+// head-dim-64 entry uses it.
 // Head dim 128: S 64 + P 32 + O 64 registers; 2 Q tiles + 2 stages = 192 KiB.
 // Head dim 256: O alone is 128 registers; 80 keys per stage (S 40, P 20) is the widest that lets
 // one Q tile (64 KiB) and 2 stages of K and V (160 KiB) fit the 227 KiB an H100 block may opt in
@@ -64,11 +65,14 @@ struct ForwardTile {
 // and runs. A build with -DSAMATTN_HOPPER_TUNING=ON (benchmarks only) also compiles the others
 // and SAMATTN_HOPPER_TILE=<index> picks one at run time, so one benchmark run measures them side
 // by side (forward_dispatch.cpp).
-// Head dim 64: [1] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
-// + O 32) put a third softmax next to the tensor cores; [2] the same with a lean tile start
-// (until stop 20 this entry was 128 x 192 tiles, 0.77-0.98x the default in every run). Both
-// with every exponential on the MUFU: in the first H200 run exp2 on the FMA pipe cost 3-6% at
-// most D = 64 shapes (the issue slots, not the MUFU, are the limit there).
+// Head dim 64: [0] two consumer warpgroups (128 x 128 tiles) with a lean tile start (until
+// stop 24 without the lean start and with one exponential in 8 on the FMA pipe, which ptxas
+// compiled with serialized wgmmas); [1] three consumer warpgroups (192 x 128 tiles, 160
+// registers each: S 64 + P 32 + O 32) put a third softmax next to the tensor cores; [2] the
+// same with a lean tile start (until stop 20 this entry was 128 x 192 tiles, 0.77-0.98x the
+// default in every run). All with every exponential on the MUFU: in the first H200 run exp2 on
+// the FMA pipe cost 3-6% at most D = 64 shapes (the issue slots, not the MUFU, are the limit
+// there).
 // Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start
 // (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1] the same
 // without the lean start (the default until stop 20); [2] 3 stages of 128 x 128
@@ -79,15 +83,15 @@ struct ForwardTile {
 // (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
 // the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
 inline constexpr ForwardTile kTiles64[] = {
-    {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {3, 128, 3, 2, 0, 32, true}};
+    {2, 128, 3, 2, 0, 40, true}, {3, 128, 3, 2, 0, 32}, {3, 128, 3, 2, 0, 32, true}};
 inline constexpr ForwardTile kTiles128[] = {
     {2, 128, 2, 2, 0, 40, true}, {2, 128, 2, 2, 0, 40}, {2, 128, 3, 1, 0, 40}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
-// D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at
-// S <= 1k non-causal, and lost at S <= 1k causal. Stop 20 (commits 8ab7516, f1058d9): the lean
-// tile start gained 2-11% at S <= 2k over the same tile without it at D = 128 and 2-8% at
-// S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
+// D = 64 entry 1 beat entry 0 (then the serialized one) at every S >= 2k (0.98-1.10x cuDNN
+// against 0.87-0.95x) and at S <= 1k non-causal, and lost at S <= 1k causal. Stop 20 (commits
+// 8ab7516, f1058d9): the lean tile start gained 2-11% at S <= 2k over the same tile without it at D
+// = 128 and 2-8% at S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
 inline constexpr int kDefaultTile64 = 2;
 inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile256 = 0;
