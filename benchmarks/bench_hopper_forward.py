@@ -5,8 +5,8 @@ in one process, bf16 by default.
 In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's alternative tile
 variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND below)
 at head dims 64 and 128, so one run compares them; without that build those columns are left
-out. With --ablations, also the Hopper path with its ping-pong, (head dim 64) its exp2-on-FMA, its
-output store through shared memory or its work-counter schedule switched off
+out. With --ablations, also the Hopper path with its ping-pong, its output store through shared
+memory or its work-counter schedule switched off
 (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
@@ -81,31 +81,29 @@ METHODS = {
     "samattn-hopper-tile1": samattn_backend("hopper"),
     "samattn-hopper-tile2": samattn_backend("hopper"),
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
-    "samattn-hopper-no_fma_exp2": samattn_backend("hopper"),
     "samattn-hopper-no_staged_store": samattn_backend("hopper"),
     "samattn-hopper-static_schedule": samattn_backend("hopper"),
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
-# every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off
-# (only head dim 64 runs part of its exponentials on the FMA pipe). SAMATTN_HOPPER_TILE: another
+# every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off.
+# SAMATTN_HOPPER_TILE: another
 # entry of the head dim's tile table (tuning builds, head dims 64 and 128).
 ENVIRONMENT = {
     "samattn-hopper-tile1": {"SAMATTN_HOPPER_TILE": "1"},
     "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
     "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
-    "samattn-hopper-no_fma_exp2": {"SAMATTN_HOPPER_ABLATION": "no_fma_exp2"},
     "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
     "samattn-hopper-static_schedule": {"SAMATTN_HOPPER_ABLATION": "static_schedule"},
 }
 TILE_METHODS = ("samattn-hopper-tile1", "samattn-hopper-tile2")
-ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_fma_exp2",
-                    "samattn-hopper-no_staged_store", "samattn-hopper-static_schedule")
-ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_fma_exp2": "-fma", "no_staged_store": "-ss",
-                    "static_schedule": "-dyn"}
+ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_staged_store",
+                    "samattn-hopper-static_schedule")
+ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
 TILE_LEGEND = {
-    64: ("128x128 3 stages 2 Q", "192x128 (3 consumer warpgroups) 3 stages 2 Q",
-         "192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start"),
+    64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
+         "192x128 (3 consumer warpgroups) 3 stages 2 Q",
+         "128x128 3 stages 2 Q, lean tile start"),
     128: ("128x128 2 stages 2 Q, lean tile start", "128x128 2 stages 2 Q",
           "128x128 3 stages 1 Q"),
 }
@@ -120,8 +118,7 @@ def methods_for(cfg: AttentionConfig) -> dict:
         if name == "samattn-tensor_core":
             return OPTIONAL["sm80"]
         if name in ABLATION_METHODS:
-            return (name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
-                    and (name != "samattn-hopper-no_fma_exp2" or cfg.head_dim == 64))
+            return name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
         return True
     return {name: run for name, run in METHODS.items() if wanted(name)}
 
@@ -288,8 +285,8 @@ def print_summary(result: dict) -> None:
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default tile"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
-          + ("; -pp, -fma, -ss, -dyn: t0 over itself without ping-pong / exp2 on FMA / the"
-             " staged output store / the work counter" if ablations else "")
+          + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
+             " the work counter" if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
@@ -350,8 +347,8 @@ def main(argv=None) -> int:
                         help="leave out the tile variants even where the build has them")
     parser.add_argument("--ablations", nargs="*", default=[],
                         choices=list(ABLATION_COLUMNS),
-                        help="also the Hopper path without ping-pong / (head dim 64) exp2 on "
-                             "the FMA pipe / O staged through shared memory / the work counter")
+                        help="also the Hopper path without ping-pong / O staged through "
+                             "shared memory / the work counter")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

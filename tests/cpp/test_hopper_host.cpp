@@ -1,22 +1,17 @@
 // The host-checkable parts of the Hopper forward, on the CPU: its tile schedule
 // (forward_scheduler.h: every query tile taken exactly once by the round robin over any grid and
 // by the work counter in any order of fetches, causal units of paired tiles costing the same) and
-// the exp2 it runs on the FMA pipe (exp2_fma.h: the same arithmetic the kernel does, against exp2
-// in double), and the tile tables (forward_config.h: every variant fits an H100 block and the wgmma
-// shapes).
+// the tile tables (forward_config.h: every variant fits an H100 block and the wgmma shapes).
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "attention/hopper/exp2_fma.h"
 #include "attention/hopper/forward_config.h"
 #include "attention/hopper/forward_launch.h"
 #include "attention/hopper/forward_scheduler.h"
@@ -140,25 +135,6 @@ TEST(HopperSchedule, NonCausalUnitsAreSingleTilesHeadByHead) {
     EXPECT_EQ(s.tile(unit, 0).batch_head, unit / 8);
     EXPECT_EQ(s.tile(unit, 0).m_block, unit % 8);
   }
-}
-
-TEST(HopperExp2OnFma, WithinTwoUlpOfExp2OverTheSoftmaxRange) {
-  double worst = 0;
-  for (int i = 0; i <= 1000000; ++i) {
-    const float x = -125.f * static_cast<float>(i) / 1000000.f;
-    const double exact = std::exp2(static_cast<double>(x));
-    worst = std::max(worst, std::fabs(exp2_on_fma(x) / exact - 1));
-  }
-  EXPECT_LT(worst, 2e-7);  // ex2.approx.f32: 2 ulp (2.4e-7)
-  EXPECT_EQ(exp2_on_fma(0.f), 1.f);
-  EXPECT_EQ(exp2_on_fma(-1.f), 0.5f);
-  EXPECT_EQ(exp2_on_fma(-100.f), std::ldexp(1.f, -100));
-}
-
-TEST(HopperExp2OnFma, ClampsFarBelowAndKeepsNan) {
-  EXPECT_EQ(exp2_on_fma(-1000.f), std::ldexp(1.f, -125));
-  EXPECT_EQ(exp2_on_fma(-std::numeric_limits<float>::infinity()), std::ldexp(1.f, -125));
-  EXPECT_TRUE(std::isnan(exp2_on_fma(std::numeric_limits<float>::quiet_NaN())));
 }
 
 // Every entry of every head dim's tile table (the default and the tuning build's variants):

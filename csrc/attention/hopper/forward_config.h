@@ -26,8 +26,6 @@ struct ForwardTile {
   int block_n;
   int stages;
   int q_buffers;
-  // 0, or k: every k-th exponential of an unmasked block runs on the FMA pipe, not the MUFU.
-  int exp2_fma_share;
   // setmaxnreg target of the producer warpgroup (its TMA-issuing thread and the scheduler
   // thread); the consumers share the rest of the pool (consumer_registers).
   int producer_registers;
@@ -53,8 +51,10 @@ struct ForwardTile {
 // Head dim 64: S (64 fp32 registers per thread at 128 keys), P (32) and O (32) leave room, and
 // 3 stages of K and V (96 KiB) keep the copy engine ahead of a MUFU-bound softmax; 2 Q tiles
 // (32 KiB). Per key block and consumer warp the GEMMs take 512 tensor clocks and 64 ex2 per
-// thread 512 MUFU clocks: one exponential in 8 on the FMA pipe (~12 more issue slots each)
-// takes the MUFU to 448 and keeps the issue slots under the tensor time.
+// thread 512 MUFU clocks. (Until stop 24 one exponential in 8 ran on the FMA pipe in the
+// two-warpgroup tile, to take the MUFU to 448: its registers made ptxas serialize that kernel's
+// wgmmas (C7511), with 1 in 16 too, and the three-warpgroup tiles measured 3-6% slower with it
+// in the first H200 run, the issue slots and not the MUFU being their limit; so it is gone.)
 // Head dim 128: S 64 + P 32 + O 64 registers; 2 Q tiles + 2 stages = 192 KiB.
 // Head dim 256: O alone is 128 registers; 80 keys per stage (S 40, P 20) is the widest that lets
 // one Q tile (64 KiB) and 2 stages of K and V (160 KiB) fit the 227 KiB an H100 block may opt in
@@ -64,11 +64,12 @@ struct ForwardTile {
 // and runs. A build with -DSAMATTN_HOPPER_TUNING=ON (benchmarks only) also compiles the others
 // and SAMATTN_HOPPER_TILE=<index> picks one at run time, so one benchmark run measures them side
 // by side (forward_dispatch.cpp).
-// Head dim 64: [1] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
-// + O 32) put a third softmax next to the tensor cores; [2] the same with a lean tile start
-// (until stop 20 this entry was 128 x 192 tiles, 0.77-0.98x the default in every run). Both
-// with every exponential on the MUFU: in the first H200 run exp2 on the FMA pipe cost 3-6% at
-// most D = 64 shapes (the issue slots, not the MUFU, are the limit there).
+// Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
+// + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] the same without
+// the lean start; [2] two consumer warpgroups (128 x 128 tiles) with a lean tile start. Until
+// stop 24 the default was the last entry and entry 0 the two-warpgroup tile with FMA-pipe
+// exponentials and serialized wgmmas, which no tuning run had measured since stop 20 (the
+// benchmarks and variant tests take entries 1 and 2).
 // Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start
 // (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1] the same
 // without the lean start (the default until stop 20); [2] 3 stages of 128 x 128
@@ -79,16 +80,17 @@ struct ForwardTile {
 // (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
 // the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
 inline constexpr ForwardTile kTiles64[] = {
-    {2, 128, 3, 2, 8, 40}, {3, 128, 3, 2, 0, 32}, {3, 128, 3, 2, 0, 32, true}};
+    {3, 128, 3, 2, 32, true}, {3, 128, 3, 2, 32}, {2, 128, 3, 2, 40, true}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 0, 40, true}, {2, 128, 2, 2, 0, 40}, {2, 128, 3, 1, 0, 40}};
-inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 0, 24}};
+    {2, 128, 2, 2, 40, true}, {2, 128, 2, 2, 40}, {2, 128, 3, 1, 40}};
+inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
-// D = 64 entry 1 beat entry 0 at every S >= 2k (0.98-1.10x cuDNN against 0.87-0.95x) and at
-// S <= 1k non-causal, and lost at S <= 1k causal. Stop 20 (commits 8ab7516, f1058d9): the lean
-// tile start gained 2-11% at S <= 2k over the same tile without it at D = 128 and 2-8% at
-// S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
-inline constexpr int kDefaultTile64 = 2;
+// D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,
+// and serialized if it compiled then as it did in stop 24) at every S >= 2k (0.98-1.10x cuDNN
+// against 0.87-0.95x) and at S <= 1k non-causal, and lost at S <= 1k causal. Stop 20 (commits
+// 8ab7516, f1058d9): the lean tile start gained 2-11% at S <= 2k over the same tile without it at D
+// = 128 and 2-8% at S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
+inline constexpr int kDefaultTile64 = 0;
 inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile256 = 0;
 
@@ -120,7 +122,6 @@ constexpr ForwardTile forward_tile(int64_t head_dim) {
 // defaults unless it names them).
 struct ForwardKernelOptions {
   bool pingpong = true;      // consumer warpgroups take turns issuing their GEMMs
-  bool exp2_on_fma = true;   // ForwardTile::exp2_fma_share of the exponentials on the FMA pipe
   bool staged_store = true;  // O leaves through shared memory by TMA store (two Q buffers)
   // The persistent grid takes its units from a work counter (forward_scheduler.h); off
   // ("static_schedule"): the fixed round robin.

@@ -235,14 +235,7 @@ __device__ __forceinline__ void consumer_loop(
     const bool needs_mask =
         hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
     if (!needs_mask && fuse_scale) {
-      constexpr int kFmaShare = Traits::kTile.exp2_fma_share;
-      if constexpr (kFmaShare > 0) {
-        if (params.options.exp2_on_fma) {
-          softmax.update<kFmaShare>(tSrS, scale_log2, rescale);
-          return;
-        }
-      }
-      softmax.update<0>(tSrS, scale_log2, rescale);
+      softmax.update(tSrS, scale_log2, rescale);
       return;
     }
     CUTE_UNROLL
@@ -278,7 +271,7 @@ __device__ __forceinline__ void consumer_loop(
         if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
       }
     }
-    softmax.update<0>(tSrS, 1.f, rescale);
+    softmax.update(tSrS, 1.f, rescale);
   };
   auto convert_p = [&]() {
     CUTE_UNROLL

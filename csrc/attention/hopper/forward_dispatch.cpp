@@ -157,8 +157,6 @@ ForwardKernelOptions forward_options_from_environment() {
   while (std::getline(list, item, ',')) {
     if (item == "no_pingpong") {
       options.pingpong = false;
-    } else if (item == "no_fma_exp2") {
-      options.exp2_on_fma = false;
     } else if (item == "no_staged_store") {
       options.staged_store = false;
     } else if (item == "varlen_block_per_unit") {
@@ -168,7 +166,7 @@ ForwardKernelOptions forward_options_from_environment() {
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_fma_exp2, no_staged_store, static_schedule and "
+                    "no_pingpong, no_staged_store, static_schedule and "
                     "varlen_block_per_unit, got '",
                     value, "'");
     }

@@ -22,7 +22,7 @@ void launch_forward(const detail::ForwardKernelParams& params, cudaStream_t stre
 Status supports(const AttentionParams& params);
 
 // The kernel options from SAMATTN_HOPPER_ABLATION: unset or empty for the default, or a
-// comma-separated list of "no_pingpong", "no_fma_exp2", "no_staged_store", "static_schedule"
+// comma-separated list of "no_pingpong", "no_staged_store", "static_schedule"
 // and "varlen_block_per_unit" that switches those features (for benchmarks; forward_config.h).
 // Throws samattn::Error naming the variable on anything else.
 ForwardKernelOptions forward_options_from_environment();

@@ -5,7 +5,6 @@
 
 #include <cute/tensor.hpp>
 
-#include "attention/hopper/exp2_fma.h"
 #include "attention/hopper/wgmma_utils.cuh"
 
 namespace samattn::hopper {
@@ -22,9 +21,8 @@ struct RowSoftmax {
   // Takes one key block: s holds scores that become log2-domain logits when multiplied by
   // `scale` (softmax_scale * log2 e for raw Q K^T, or 1 when the caller scaled and masked them
   // already). s becomes exp2(s * scale - max): one FFMA and one MUFU per score. rescale[r] is
-  // the factor that brings row r's earlier output to the new max. With kFmaShare = k > 0, every
-  // k-th exponential runs on the FMA pipe (exp2_on_fma) instead of the MUFU.
-  template <int kFmaShare, typename Fragment>
+  // the factor that brings row r's earlier output to the new max.
+  template <typename Fragment>
   __device__ __forceinline__ void update(Fragment& s, float scale, float (&rescale)[2]) {
     // Two partial maxima and sums per row shorten the dependent chains.
     float block_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
@@ -44,13 +42,12 @@ struct RowSoftmax {
       rescale[r] = fast_exp2(row_max[r] - shift[r]);
       row_max[r] = new_max;
     }
-    constexpr int kEvery = kFmaShare > 0 ? kFmaShare : 1;
     float sums[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     CUTE_UNROLL
     for (int i = 0; i < cute::size(s); ++i) {
       const int r = (i / 2) % 2;
       const float x = fmaf(s(i), scale, -shift[r]);
-      s(i) = kFmaShare > 0 && i % kEvery == kEvery - 1 ? exp2_on_fma(x) : fast_exp2(x);
+      s(i) = fast_exp2(x);
       sums[r][i % 2] += s(i);
     }
     CUTE_UNROLL
