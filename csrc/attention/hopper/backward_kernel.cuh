@@ -28,13 +28,12 @@
 //    other way round; the one that only arrives goes straight on to the next step's S^T and dP^T,
 //    so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy (with
 //    both meeting every step their softmax phases coincided and the tensor cores idled). The dQ
-//    warpgroup issues dQ before dK where its registers allow (Traits::kDqBeforeDk), stores dQ to
-//    shared memory in the chunk's order (while dK runs, when dQ went first) and each of its
-//    warps' first lane adds its slots into the fp32 accumulator with bulk reduce-adds
-//    (backward_config.h's chunk layout). kAlternateDq = false: both meet at the barrier every step
-//    and compute half of dQ each (backward_config.h: backward_alternates_dq picks the schedule per
-//    head dim). dK and dV stay in registers across all steps (the group's heads are summed there:
-//    no atomics) and are rounded and stored once at the end.
+//    warpgroup stores dQ to shared memory in the chunk's order and each of its warps' first lane
+//    adds its slots into the fp32 accumulator with bulk reduce-adds (backward_config.h's chunk
+//    layout). kAlternateDq = false: both meet at the barrier every step and compute half of dQ
+//    each (backward_config.h: backward_alternates_dq picks the schedule per head dim).
+//    dK and dV stay in registers across all steps (the group's heads are summed there: no
+//    atomics) and are rounded and stored once at the end.
 //
 // Ordering (the places where two agents touch the same shared memory or registers):
 //  - Q / dO / lse / D of stage s: written by TMA (async proxy) and by the statistics warp after
@@ -114,10 +113,6 @@ struct Traits {
   static constexpr int kDqWarpgroupsN = kDqWarpgroups / kDqWarpgroupsM;
   static_assert(kHeadDim % (16 * kDqWarpgroupsN) == 0, "dQ's column split is whole wgmma tiles");
   using DqWarpgroupN = cute::Int<kHeadDim / kDqWarpgroupsN>;
-  // Whether the dQ warpgroup issues dQ before dK (and stages dQ while dK runs): not when one
-  // warpgroup computes a head-dim-128 dQ, whose 64 accumulator registers do not fit beside dK,
-  // dV, P^T and dS^T (ptxas then serializes the wgmmas); there dQ waits for dV instead.
-  static constexpr bool kDqBeforeDk = !kAlternateDq || kHeadDim <= 64;
   // 64 x 64 fragments (backward_config.h) of the step's dQ per thread of a dQ warpgroup.
   static constexpr int kDqFragmentsPerThread = 2 / kDqWarpgroups;
   static_assert(kBlockM * kHeadDim == 2 * kDqFragmentFloats, "a step's dQ is two fragments");
@@ -512,47 +507,25 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-    }
-    if constexpr (T::kDqBeforeDk) {
-      // The dQ warpgroup issues dQ (after the barrier), then dK, and stages dQ once dV and dQ
-      // have landed (groups complete in order) while dK runs on. The dQ fragment lives only in
-      // that branch: a warpgroup that skips dQ must not hold its registers across another wgmma
-      // (ptxas would serialize every wgmma).
-      if (computes_dq) {
+      if (!computes_dq) {
+        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, ds_barrier);
+      } else if (!T::kAlternateDq) {
         cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_barrier);
-        Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
+      }
+    }
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
+    if constexpr (!T::kAlternateDq) {
+      if (accumulate_dq) {
         issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
                                                                 tdQrKt, tdQrdQ);
-        issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS,
-                                                                tdKrQ(_, _, _, stage), tdKrdK);
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(tdQrdQ);
-        wait_staging_read(issues_dq);
-        stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
-      } else {
-        if (accumulate_dq) {
-          cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, ds_barrier);
-        }
-        issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS,
-                                                                tdKrQ(_, _, _, stage), tdKrdK);
       }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdVrP);
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tdKrdS);
-      shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
-    } else {
-      // One warpgroup's head-dim-128 dQ: its 64 accumulator registers do not fit beside dK, dV,
-      // P^T and dS^T, so dK goes first and dQ waits for dV (P^T's registers).
-      if (!computes_dq && accumulate_dq) {
-        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, ds_barrier);
-      }
-      Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
-      issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS,
-                                                              tdKrQ(_, _, _, stage), tdKrdK);
+    }
+    issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage),
+                                                            tdKrdK);
+    if constexpr (T::kAlternateDq) {
       if (computes_dq) {
         cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_barrier);
+        // dV has landed: P^T's registers are free before dQ's accumulator takes 64 more.
         warpgroup_wait<1>();
         warpgroup_fence_operand(tdVrdV);
         warpgroup_fence_operand(tdVrP);
@@ -562,19 +535,28 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       } else {
         warpgroup_wait<0>();
       }
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdVrP);
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tdKrdS);
-      shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
-      if (computes_dq) {
+    } else {
+      // dV and dQ have landed; dK += dS^T Q runs on while dQ is staged.
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tdQrdQ);
+      if (accumulate_dq) {
+        wait_staging_read(issues_dq);
+        stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
+      }
+      warpgroup_wait<0>();
+    }
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdVrP);
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdKrdS);
+    shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
+    if (computes_dq) {
+      if constexpr (T::kAlternateDq) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ);
         wait_staging_read(issues_dq);
         stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
-    }
-    if (computes_dq) {
       cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
       __syncwarp();
       if (issues_dq) {
