@@ -283,14 +283,15 @@ def print_summary(result: dict) -> None:
         return f"{x:6.1f}" if x else "     -"
 
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
-    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default tile"
+    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default path: entry 0,"
+          " at D = 64 causal with S <= 1k entry 2"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
              " the work counter" if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
-            print(f"  D{head_dim}: " + ", ".join(f"t{i} {n}" for i, n in enumerate(names)))
+            print(f"  D{head_dim}: " + ", ".join(f"entry {i} {n}" for i, n in enumerate(names)))
     header = f"{'shape':<36} {'t0':>6}"
     header += f" {'t1':>6} {'t2':>6}" if tiles else ""
     header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn"

@@ -169,14 +169,38 @@ TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
   }
 }
 
-// SAMATTN_HOPPER_TILE: unset or empty is the default entry; another valid index is that entry
-// in a tuning build and an error naming the build option otherwise; an invalid one an error
-// naming the variable; head dim 256 (one entry) ignores it.
+// Head dim 64 runs its two-warpgroup entry on causal problems of at most 1024 queries and kept
+// keys (measured faster there), the default entry on everything else; the other head dims
+// always run their default. Both entries are compiled into every build.
+TEST(HopperTileTables, ShortCausalProblemsAtHeadDim64TakeTheTwoWarpgroupTile) {
+  EXPECT_EQ(forward_tile(64, kShortCausalTile64).consumer_warpgroups, 2);
+  EXPECT_EQ(forward_tile(64, default_tile_variant(64)).consumer_warpgroups, 3);
+  EXPECT_TRUE(tile_in_every_build(64, kShortCausalTile64));
+  EXPECT_TRUE(tile_in_every_build(64, default_tile_variant(64)));
+  EXPECT_EQ(tile_variant_for_shape(64, true, 512, 512), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1024), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1, 1000), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1025, 1024), default_tile_variant(64));
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1025), default_tile_variant(64));
+  EXPECT_EQ(tile_variant_for_shape(64, false, 512, 512), default_tile_variant(64));
+  for (int d : {128, 256}) {
+    EXPECT_EQ(tile_variant_for_shape(d, true, 512, 512), default_tile_variant(d));
+    for (int variant = 0; variant < tile_variants(d); ++variant) {
+      EXPECT_EQ(tile_in_every_build(d, variant), variant == default_tile_variant(d));
+    }
+  }
+}
+
+// SAMATTN_HOPPER_TILE: unset or empty is the caller's entry (its shape's); another valid index
+// is that entry where the build compiles it (every build compiles tile_in_every_build's) and an
+// error naming the build option otherwise; an invalid one an error naming the variable; head
+// dim 256 (one entry) ignores it.
 TEST(HopperTileTables, VariantFromTheEnvironment) {
   auto with = [](const char* value, int head_dim) {
     setenv("SAMATTN_HOPPER_TILE", value, 1);
     try {
-      const int variant = forward_tile_variant_from_environment(head_dim);
+      const int variant =
+          forward_tile_variant_from_environment(head_dim, default_tile_variant(head_dim));
       unsetenv("SAMATTN_HOPPER_TILE");
       return std::to_string(variant);
     } catch (const Error& error) {
@@ -185,7 +209,9 @@ TEST(HopperTileTables, VariantFromTheEnvironment) {
     }
   };
   unsetenv("SAMATTN_HOPPER_TILE");
-  EXPECT_EQ(forward_tile_variant_from_environment(64), default_tile_variant(64));
+  EXPECT_EQ(forward_tile_variant_from_environment(64, default_tile_variant(64)),
+            default_tile_variant(64));
+  EXPECT_EQ(forward_tile_variant_from_environment(64, kShortCausalTile64), kShortCausalTile64);
   EXPECT_EQ(with("", 128), std::to_string(default_tile_variant(128)));
   EXPECT_EQ(with("1", 256), std::to_string(default_tile_variant(256)));
   for (const char* bad : {"7", "-1", "1x", "tile1"}) {
@@ -198,7 +224,7 @@ TEST(HopperTileTables, VariantFromTheEnvironment) {
     for (int variant = 0; variant < tile_variants(d); ++variant) {
       const std::string got = with(std::to_string(variant).c_str(), d);
       const bool chosen = got == std::to_string(variant);
-      const bool needs_tuning = variant != default_tile_variant(d) &&
+      const bool needs_tuning = !tile_in_every_build(d, variant) &&
                                 got.find("-DSAMATTN_HOPPER_TUNING=ON") != std::string::npos;
       EXPECT_TRUE(chosen || needs_tuning)
           << "head dim " << d << " variant " << variant << ": " << got;

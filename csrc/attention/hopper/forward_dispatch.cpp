@@ -96,8 +96,11 @@ Status supports(const AttentionParams& p) {
                                       " (needs 9.0: wgmma and TMA are sm_90a instructions)"));
   }
   const int bytes = dtype_size(p.dtype);
+  // The tile dispatch_forward will run (it reads the same shape from the kernel parameters).
+  const int shape_variant =
+      tile_variant_for_shape(p.head_dim, p.causal, p.seqlen_q, detail::strided_key_count(p));
   const ForwardTile tile =
-      forward_tile(p.head_dim, forward_tile_variant_from_environment(p.head_dim));
+      forward_tile(p.head_dim, forward_tile_variant_from_environment(p.head_dim, shape_variant));
   if (m.has_block_map()) {
     const Status map = supports_block_map(p, tile);
     if (!map.ok()) return map;
@@ -174,8 +177,7 @@ ForwardKernelOptions forward_options_from_environment() {
   return options;
 }
 
-int forward_tile_variant_from_environment(int64_t head_dim) {
-  const int fallback = default_tile_variant(head_dim);
+int forward_tile_variant_from_environment(int64_t head_dim, int fallback) {
   const char* value = std::getenv("SAMATTN_HOPPER_TILE");
   if (value == nullptr || *value == '\0') return fallback;
   const int variants = tile_variants(head_dim);
@@ -186,10 +188,15 @@ int forward_tile_variant_from_environment(int64_t head_dim) {
                 "SAMATTN_HOPPER_TILE must be a tile variant index in [0, ", variants,
                 ") for head_dim ", head_dim, ", got '", value, "'");
 #ifndef SAMATTN_HOPPER_TUNING
-  SAMATTN_CHECK(variant == fallback, "SAMATTN_HOPPER_TILE=", value,
-                " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has only "
-                "the default variant ",
-                fallback, " for head_dim ", head_dim, ")");
+  std::string built;
+  for (int i = 0; i < variants; ++i) {
+    if (tile_in_every_build(head_dim, i)) built += (built.empty() ? "" : ", ") + std::to_string(i);
+  }
+  SAMATTN_CHECK(tile_in_every_build(head_dim, static_cast<int>(variant)),
+                "SAMATTN_HOPPER_TILE=", value,
+                " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has the "
+                "variants ",
+                built, " for head_dim ", head_dim, ")");
 #endif
   return static_cast<int>(variant);
 }
@@ -197,23 +204,32 @@ int forward_tile_variant_from_environment(int64_t head_dim) {
 #ifdef SAMATTN_HAVE_SM90
 namespace {
 
-// The default variant in every build; with SAMATTN_HOPPER_TUNING every entry of the table.
+#ifdef SAMATTN_HOPPER_TUNING
+constexpr bool kEveryTileBuilt = true;
+#else
+constexpr bool kEveryTileBuilt = false;
+#endif
+
+// The entries of tile_in_every_build; with SAMATTN_HOPPER_TUNING every entry of the table.
 template <DType kDType, int kHeadDim, int kVariant = 0>
 void dispatch_variant(int variant, const detail::ForwardKernelParams& params, cudaStream_t stream) {
-  constexpr int kDefault = default_tile_variant(kHeadDim);
-#ifdef SAMATTN_HOPPER_TUNING
   if constexpr (kVariant < tile_variants(kHeadDim)) {
-    if (variant == kVariant) return launch_forward<kDType, kHeadDim, kVariant>(params, stream);
+    if constexpr (kEveryTileBuilt || tile_in_every_build(kHeadDim, kVariant)) {
+      if (variant == kVariant) return launch_forward<kDType, kHeadDim, kVariant>(params, stream);
+    }
     return dispatch_variant<kDType, kHeadDim, kVariant + 1>(variant, params, stream);
+  } else {
+    // forward_tile_variant_from_environment allowed only compiled entries.
+    SAMATTN_CHECK(false, "Hopper forward tile variant ", variant, " for head_dim ", kHeadDim,
+                  " is not compiled into this build");
   }
-#endif
-  (void)variant;  // forward_tile_variant_from_environment allowed only the default here
-  launch_forward<kDType, kHeadDim, kDefault>(params, stream);
 }
 
 template <DType kDType>
 void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t stream) {
-  const int variant = forward_tile_variant_from_environment(params.head_dim);
+  const int variant = forward_tile_variant_from_environment(
+      params.head_dim,
+      tile_variant_for_shape(params.head_dim, params.causal, params.seqlen_q, params.kept_keys));
   switch (params.head_dim) {
     case 64:
       return dispatch_variant<kDType, 64>(variant, params, stream);

@@ -27,12 +27,12 @@ Status supports(const AttentionParams& params);
 // Throws samattn::Error naming the variable on anything else.
 ForwardKernelOptions forward_options_from_environment();
 
-// The tile variant from SAMATTN_HOPPER_TILE (benchmarks): unset or empty for
-// default_tile_variant(head_dim), else an index into the head dim's tile table (a head dim
-// with a single entry, 256, ignores it). The variants other than the default exist only in
+// The tile variant from SAMATTN_HOPPER_TILE (benchmarks): unset or empty for `fallback` (the
+// caller's tile_variant_for_shape), else an index into the head dim's tile table (a head dim
+// with a single entry, 256, ignores it). Entries other than tile_in_every_build's exist only in
 // builds with -DSAMATTN_HOPPER_TUNING=ON; anything else throws samattn::Error naming the
 // variable.
-int forward_tile_variant_from_environment(int64_t head_dim);
+int forward_tile_variant_from_environment(int64_t head_dim, int fallback);
 
 // Picks the instantiation for (dtype, head dim) and launches it. The caller has checked
 // supports().
