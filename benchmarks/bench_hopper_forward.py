@@ -86,8 +86,8 @@ METHODS = {
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off.
-# SAMATTN_HOPPER_TILE: another
-# entry of the head dim's tile table (tuning builds, head dims 64 and 128).
+# SAMATTN_HOPPER_TILE: another entry of the head dim's tile table (tuning builds, head dims 64
+# and 128).
 ENVIRONMENT = {
     "samattn-hopper-tile1": {"SAMATTN_HOPPER_TILE": "1"},
     "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
@@ -283,8 +283,8 @@ def print_summary(result: dict) -> None:
         return f"{x:6.1f}" if x else "     -"
 
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
-    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default path: entry 0,"
-          " at D = 64 causal with S <= 1k entry 2"
+    print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default"
+          " path: entry 0, at D = 64 causal with S <= 1k entry 2"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
              " the work counter" if ablations else "")

@@ -68,10 +68,10 @@ struct ForwardTile {
 // measures them side by side (forward_dispatch.cpp).
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
 // + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] the same without
-// the lean start; [2] two consumer warpgroups (128 x 128 tiles) with a lean tile start. Until
-// stop 24 the default was the last entry and entry 0 the two-warpgroup tile with FMA-pipe
-// exponentials and serialized wgmmas, which no tuning run had measured since stop 20 (the
-// benchmarks and variant tests take entries 1 and 2).
+// the lean start; [2] two consumer warpgroups (128 x 128 tiles) with a lean tile start, which
+// short causal problems run. Until stop 24 the default was the last entry and entry 0 the
+// two-warpgroup tile with FMA-pipe exponentials and serialized wgmmas, which no tuning run had
+// measured since stop 20 (the benchmarks and variant tests take entries 1 and 2).
 // Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start
 // (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1] the same
 // without the lean start (the default until stop 20); [2] 3 stages of 128 x 128
@@ -90,8 +90,8 @@ inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,
 // and serialized if it compiled then as it did in stop 24) at every S >= 2k (0.98-1.10x cuDNN
 // against 0.87-0.95x) and at S <= 1k non-causal, and lost at S <= 1k causal. Stop 20 (commits
-// 8ab7516, f1058d9): the lean tile start gained 2-11% at S <= 2k over the same tile without it at D
-// = 128 and 2-8% at S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
+// 8ab7516, f1058d9): the lean tile start gained 2-11% at S <= 2k over the same tile without it
+// at D = 128 and 2-8% at S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
 inline constexpr int kDefaultTile64 = 0;
 inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile256 = 0;
