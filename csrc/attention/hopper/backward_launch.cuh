@@ -125,11 +125,11 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
   if (f.kept_keys > 0) {
     constexpr bool kDefaultAlternates = backward_alternates_dq(kHeadDim);
     using DefaultTraits = bwd::Traits<Element, kHeadDim, kDefaultAlternates>;
-    const bool other_schedule = variant != BackwardVariant::kDefault &&
-                                (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
     if constexpr (kVariantBuilt) {
       // Deterministic calls compute no dQ here: both schedules are the same kernel then.
-      if (other_schedule && p.dq_accum != nullptr) {
+      const bool other_schedule = p.dq_accum != nullptr && variant != BackwardVariant::kDefault &&
+                                  (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
+      if (other_schedule) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, !kDefaultAlternates>>(p, stream);
       } else {
         bwd::launch_backward_kernel<DefaultTraits>(p, stream);

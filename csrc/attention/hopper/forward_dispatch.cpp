@@ -20,6 +20,18 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend hopper does not support " + why);
 }
 
+// Whether this build has the tile table entry: tile_in_every_build's, or with
+// SAMATTN_HOPPER_TUNING every entry (the instantiations CMakeLists.txt generates).
+constexpr bool tile_compiled(int64_t head_dim, int variant) {
+#ifdef SAMATTN_HOPPER_TUNING
+  (void)head_dim;
+  (void)variant;
+  return true;
+#else
+  return tile_in_every_build(head_dim, variant);
+#endif
+}
+
 #ifdef SAMATTN_HAVE_SM90
 // A block map on the Hopper forward (forward_key_blocks.cuh): each consumer warpgroup's 64 rows
 // lie in one map row, each key block in one map column, and the listed key blocks fit the
@@ -187,34 +199,27 @@ int forward_tile_variant_from_environment(int64_t head_dim, int fallback) {
   SAMATTN_CHECK(*end == '\0' && variant >= 0 && variant < variants,
                 "SAMATTN_HOPPER_TILE must be a tile variant index in [0, ", variants,
                 ") for head_dim ", head_dim, ", got '", value, "'");
-#ifndef SAMATTN_HOPPER_TUNING
-  std::string built;
-  for (int i = 0; i < variants; ++i) {
-    if (tile_in_every_build(head_dim, i)) built += (built.empty() ? "" : ", ") + std::to_string(i);
+  if (!tile_compiled(head_dim, static_cast<int>(variant))) {
+    std::string built;
+    for (int i = 0; i < variants; ++i) {
+      if (tile_compiled(head_dim, i)) built += (built.empty() ? "" : ", ") + std::to_string(i);
+    }
+    SAMATTN_CHECK(false, "SAMATTN_HOPPER_TILE=", value,
+                  " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has the "
+                  "variants ",
+                  built, " for head_dim ", head_dim, ")");
   }
-  SAMATTN_CHECK(tile_in_every_build(head_dim, static_cast<int>(variant)),
-                "SAMATTN_HOPPER_TILE=", value,
-                " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has the "
-                "variants ",
-                built, " for head_dim ", head_dim, ")");
-#endif
   return static_cast<int>(variant);
 }
 
 #ifdef SAMATTN_HAVE_SM90
 namespace {
 
-#ifdef SAMATTN_HOPPER_TUNING
-constexpr bool kEveryTileBuilt = true;
-#else
-constexpr bool kEveryTileBuilt = false;
-#endif
-
-// The entries of tile_in_every_build; with SAMATTN_HOPPER_TUNING every entry of the table.
+// The entries tile_compiled names.
 template <DType kDType, int kHeadDim, int kVariant = 0>
 void dispatch_variant(int variant, const detail::ForwardKernelParams& params, cudaStream_t stream) {
   if constexpr (kVariant < tile_variants(kHeadDim)) {
-    if constexpr (kEveryTileBuilt || tile_in_every_build(kHeadDim, kVariant)) {
+    if constexpr (tile_compiled(kHeadDim, kVariant)) {
       if (variant == kVariant) return launch_forward<kDType, kHeadDim, kVariant>(params, stream);
     }
     return dispatch_variant<kDType, kHeadDim, kVariant + 1>(variant, params, stream);
