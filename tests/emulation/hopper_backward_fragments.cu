@@ -10,8 +10,10 @@
 //    layout (dq_chunk_offset below) of the value's (row, column), and backward_dq_slot_position
 //    (what the conversion kernel reads back with) inverts it, each quad of slots covering 8
 //    consecutive columns;
+//  - where it stages the value in its warpgroup's staging tile (Traits::dq_staging_float) lies
+//    inside that tile, once, at the chunk's place within the fragment;
 //  - the address where a thread stores dS^T(key, query) (its S^T partition of the dS^T view) is
-//    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in both buffers;
+//    the address the dQ wgmma reads as dS(query, key), query pairs adjacent, in every buffer;
 //  - the fragments cover every tile element exactly once.
 // Build and run (from the repository root):
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
@@ -63,6 +65,7 @@ int check() {
   const auto offset = [&](auto&& element) { return long(raw_pointer_cast(&element) - base); };
   std::set<int> sdp_seen, dq_seen, dkv_seen;
   std::set<long> ds_seen, chunk_seen;
+  std::set<int> staging_seen[2];  // per warpgroup of the dQ thread
   for (int tid = 0; tid < 256; ++tid) {
     const int warpgroup = tid / 128;
     auto thr_sdp = mma_sdp.get_thread_slice(tid);
@@ -76,7 +79,7 @@ int check() {
       if (i % 2 == 1 && (get<0>(c(i - 1)) != key || get<1>(c(i - 1)) != query - 1)) {
         report("S^T pair not adjacent", tid, i);
       }
-      for (int buffer = 0; buffer < 2; ++buffer) {
+      for (int buffer = 0; buffer < T::kDsBuffers; ++buffer) {
         Tensor dst = stores(_, _, _, buffer);
         const long at = offset(dst(i));
         if (at != offset(sdS(query, key, buffer))) report("dS^T store != dS read", tid, i);
@@ -102,6 +105,14 @@ int check() {
           report("staged dQ order != chunk offset", tid, i);
         }
         chunk_seen.insert(staged);
+        // The staging tile holds only the fragments of the thread's warpgroup, each value once.
+        const int in_staging = T::dq_staging_float(tid, i);
+        if (in_staging < 0 || in_staging >= T::kDqStagingFloats ||
+            !staging_seen[tid / 128].insert(in_staging).second ||
+            in_staging % samattn::hopper::kDqFragmentFloats !=
+                staged % samattn::hopper::kDqFragmentFloats) {
+          report("staged dQ outside its warpgroup's tile or twice", tid, i);
+        }
         if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
           report("dQ pair not adjacent", tid, i);
         }

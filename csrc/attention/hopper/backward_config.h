@@ -30,6 +30,16 @@ constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 :
 // both meet at a barrier every step and compute half each (there the turns measured 0.95-0.98x).
 constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64; }
 
+// The split schedule at 64 query rows a step (head dim 128) issues a step's dQ one step late,
+// after the next step's softmax: a warpgroup then waits only for the other's dS of the previous
+// step, so the two can run up to a step apart and one's softmax overlaps the other's GEMMs (with
+// a barrier on the current step's dS both ran their softmax at the same time and the tensor
+// cores idled). The dS ring then needs four buffers (backward_kernel.cuh, "Ordering").
+constexpr bool backward_defers_dq(bool alternates_dq, int64_t block_m) {
+  return !alternates_dq && block_m == 64;
+}
+constexpr int backward_ds_buffers(bool defers_dq) { return defers_dq ? 4 : 2; }
+
 // A tuning build (-DSAMATTN_HOPPER_TUNING=ON, benchmarks) also builds, for bf16, the schedule a
 // head dim does not use by default; the environment variable SAMATTN_HOPPER_BWD_VARIANT selects
 // either one explicitly, to measure both in one process.
@@ -39,11 +49,10 @@ enum class BackwardVariant { kDefault, kSplitDq, kAlternateDq };
 // TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of the keys
 // (the wgmma M of one warpgroup) for the whole kernel. The block walks the query blocks of
 // backward_block_m(head_dim) rows of every query head of its group through a kStages-deep ring
-// of Q / dO tiles; dS goes through shared memory (two buffers) for dQ = dS K.
+// of Q / dO tiles; dS goes through shared memory (backward_ds_buffers) for dQ = dS K.
 struct BackwardConfig {
   static constexpr int kBlockN = 128;  // keys per block
   static constexpr int kStages = 2;    // Q / dO / lse / D pipeline depth
-  static constexpr int kDsBuffers = 2;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -89,15 +98,24 @@ constexpr DqSlotPosition backward_dq_slot_position(int64_t head_dim, int slot) {
                                           : DqSlotPosition{r, fragment * kDqFragmentCols + c};
 }
 
+// Floats of a consumer warpgroup's dQ staging tile: the fragments it computes in one step.
+constexpr int backward_dq_staging_floats(bool alternates_dq) {
+  return (alternates_dq ? 2 : 1) * kDqFragmentFloats;
+}
+
 // K and V tiles, kStages x (Q and dO tiles), the dS buffers, a dQ staging tile per consumer
-// warpgroup, lse and D per stage, barriers (checked against the kernel's SharedStorage by a
-// static_assert in backward_kernel.cuh). 227 KiB at head dim 64, 226 KiB at 128.
+// warpgroup, lse and D per stage, barriers, for the head dim's default schedule (checked against
+// each instantiation's SharedStorage by a static_assert in backward_kernel.cuh; the other
+// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128.
 constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
   using C = BackwardConfig;
   const int64_t block_m = backward_block_m(head_dim);
+  const bool alternates = backward_alternates_dq(head_dim);
+  const int64_t ds_buffers = backward_ds_buffers(backward_defers_dq(alternates, block_m));
   const int64_t tiles = 2 * C::kBlockN * head_dim + 2 * C::kStages * block_m * head_dim +
-                        C::kDsBuffers * block_m * C::kBlockN;
-  const int64_t dq_staging = C::kConsumerWarpgroups * block_m * head_dim * 4;
+                        ds_buffers * block_m * C::kBlockN;
+  const int64_t dq_staging =
+      int64_t{C::kConsumerWarpgroups} * backward_dq_staging_floats(alternates) * 4;
   const int64_t stats = 2 * C::kStages * block_m * 4;
   return static_cast<int>(tiles * element_bytes + dq_staging + stats) + C::kBarrierBytes;
 }

@@ -30,8 +30,10 @@
 //    both meeting every step their softmax phases coincided and the tensor cores idled). The dQ
 //    warpgroup stores dQ to shared memory in the chunk's order and each of its warps' first lane
 //    adds its slots into the fp32 accumulator with bulk reduce-adds (backward_config.h's chunk
-//    layout). kAlternateDq = false: both meet at the barrier every step and compute half of dQ
-//    each (backward_config.h: backward_alternates_dq picks the schedule per head dim).
+//    layout). kAlternateDq = false: both compute half of dQ, after meeting at a barrier every
+//    step, or, at 64 query rows a step (kDeferDq), half of the previous step's dQ after the
+//    current step's softmax, so that the warpgroups need not meet (backward_config.h:
+//    backward_alternates_dq and backward_defers_dq pick the schedule per head dim).
 //    dK and dV stay in registers across all steps (the group's heads are summed there: no
 //    atomics) and are rounded and stored once at the end.
 //
@@ -41,7 +43,8 @@
 //    wgmma.wait_group 0 of the step that used the stage (the tensor cores are done reading);
 //    read by the consumers after full[s] completes (TMA complete_tx plus the 32 arrivals, which
 //    release the statistics warp's stores; the mbarrier wait acquires them).
-//  - dS buffer (step & 1): written with ordinary st.shared by the consumers; each thread then
+//  - dS buffer (step & 1; the deferred schedule below has its own rule): written with ordinary
+//  st.shared by the consumers; each thread then
 //    runs fence.proxy.async (its generic writes become visible to the async proxy) before it
 //    arrives at (or syncs on) the step's named barrier, and only after the barrier is the dQ
 //    wgmma (async proxy) issued that reads it. The buffer is written again two steps later. The
@@ -51,6 +54,18 @@
 //    split schedule: both pass every barrier, and reach the next one only after the wait_group 1
 //    that covers their dQ wgmma.) The barriers of consecutive steps have different ids, so an
 //    arrival for step s + 1 can never complete the barrier of step s.
+//  - dS ring of the deferred split schedule (kDeferDq: four buffers, step s in s % 4): warpgroup
+//    w writes its half of dS(s), fences, and arrives at ds_ready(w, s) without waiting; the
+//    other warpgroup syncs on it in its step s + 1, just before it issues dQ(s), and waits for
+//    that wgmma in the same step. Reuse: w writes buffer s % 4 again at step s + 4, after its
+//    step s + 3 synced on the other's arrival for step s + 2, which the other makes only after
+//    finishing its step s + 1, the one that read dS(s). Barrier ids: w's arrival for step s + 4
+//    (the same id as for s) comes after w synced on the other's arrival for s + 2, which the
+//    other makes after its step s + 1 synced on ds_ready(w, s). Warpgroup 1 syncs on
+//    ds_ready(0, 0) before its first step and not again. At step 0 both issue a dQ wgmma on
+//    buffer 3 (no step has written it yet; by the reuse rule its first writer, at step 3, waits
+//    for both step 0s) and discard the result: a dQ wgmma issued under a step-dependent
+//    condition makes ptxas serialize every wgmma of the loop (C7515).
 //  - dQ staging tiles (one per consumer warpgroup; 4 KB of each warp per 64 x 64 fragment): a
 //    warp's slots are written only by its own lanes (ordinary st.shared, after the step's dQ
 //    wgmma has landed) and read only by the bulk reduce-adds its first lane issues after every
@@ -103,7 +118,11 @@ struct Traits {
   using BlockN = cute::Int<kBlockN>;
   using HeadDim = cute::Int<kHeadDim>;
   using Stages = cute::Int<kStages>;
-  using DsBuffers = cute::Int<Cfg::kDsBuffers>;
+  // The split schedule at 64 query rows issues each step's dQ one step late (backward_config.h).
+  static constexpr bool kDeferDq = backward_defers_dq(kAlternateDq, kBlockM);
+  static constexpr int kDsBuffers = backward_ds_buffers(kDeferDq);
+  using DsBuffers = cute::Int<kDsBuffers>;
+  static constexpr int kDqStagingFloats = backward_dq_staging_floats(kAlternateDq);
   static_assert(kBlockN == 64 * Cfg::kConsumerWarpgroups, "a consumer warpgroup owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 128, "dQ is split by rows (128) or columns (64)");
   // The warpgroups computing one step's dQ, and their split of it: the split schedule divides it
@@ -134,6 +153,11 @@ struct Traits {
     const int warp = dq_thread % 128 / 32, lane = dq_thread % 32, j = i % kPerFragment / 4;
     return int64_t{fragment} * kDqFragmentFloats + (warp * kDqWarpSlots + j * 32 + lane) * 4 +
            i % 4;
+  }
+  // The same value's place in the thread's warpgroup's staging tile, which holds only the
+  // fragments that warpgroup computes (both, or in the split schedule its own).
+  static constexpr int dq_staging_float(int dq_thread, int i) {
+    return static_cast<int>(dq_chunk_float(dq_thread, i) % kDqStagingFloats);
   }
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
@@ -194,7 +218,7 @@ struct Traits {
     // Per consumer warpgroup, the dQ it computed last in the chunk's order (dq_chunk_float), read
     // by the bulk reductions. A warp writes and reduces only its own slots of its warpgroup's
     // tile, so reusing them needs nothing beyond the warp's own bulk-read wait.
-    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq[Cfg::kConsumerWarpgroups];
+    cute::array_aligned<float, kDqStagingFloats, 128> dq[Cfg::kConsumerWarpgroups];
     float lse_log2[kStages][kBlockM];  // lse * log2(e) of the step's rows; +inf past seqlen_q
     float delta[kStages][kBlockM];     // D of the step's rows; 0 past seqlen_q
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
@@ -353,8 +377,25 @@ template <typename T, typename Fragment>
 __device__ __forceinline__ void stage_dq(const Fragment& dq, float* staging, int dq_thread) {
   CUTE_UNROLL
   for (int i = 0; i < cute::size(dq); i += 4) {
-    *reinterpret_cast<float4*>(staging + T::dq_chunk_float(dq_thread, i)) =
+    *reinterpret_cast<float4*>(staging + T::dq_staging_float(dq_thread, i)) =
         make_float4(dq(i), dq(i + 1), dq(i + 2), dq(i + 3));
+  }
+}
+
+// Adds a dQ thread's staged fragments into the accumulator chunk `chunk`: every lane makes its
+// staging stores visible to the async proxy, the warp meets, and its first lane issues one bulk
+// reduce-add per fragment of the warp's slots.
+template <typename T>
+__device__ __forceinline__ void reduce_staged_dq(float* chunk, const float* staging, int dq_thread,
+                                                 bool issues_dq) {
+  cutlass::arch::fence_view_async_shared();
+  __syncwarp();
+  if (!issues_dq) return;
+  CUTE_UNROLL
+  for (int fragment = 0; fragment < T::kDqFragmentsPerThread; ++fragment) {
+    const int first = fragment * kDqFragmentFloats / 128;
+    bulk_reduce_add(chunk + T::dq_chunk_float(dq_thread, first),
+                    staging + T::dq_staging_float(dq_thread, first), kDqWarpSlots * sizeof(float4));
   }
 }
 
@@ -431,17 +472,46 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   float* dq_staging = shared.dq[warpgroup].data();
   const int64_t dq_rows_per_head = backward_dq_accum_rows(f.seqlen_q, kHeadDim);
 
+  // Where the step's dQ goes in the accumulator: the chunk of its (batch, head, query block).
+  auto dq_chunk_of = [&](int64_t h, int64_t m_begin) {
+    return ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
+  };
+  // kDeferDq: warpgroup w arrives at ds_ready(w, s) once its half of step s's dS is in shared
+  // memory, and the other syncs on it before it issues that step's dQ. Four ids per warpgroup, by
+  // step, so that an arrival can never count toward an earlier step's barrier ("Ordering").
+  auto ds_ready = [](int writer, int64_t step) {
+    return kDsReadyBarrier + static_cast<uint32_t>(2 * (step % 4) + writer);
+  };
+  // Warpgroup 1 starts once warpgroup 0's first dS is in shared memory, about half a step late,
+  // so that from then on one's softmax runs under the other's GEMMs; that sync also covers
+  // warpgroup 0's step 0 for the later wait.
+  auto wait_for_other_ds = [&](int64_t step) {
+    if (warpgroup == 0 || step > 0) {
+      cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads,
+                                        ds_ready(1 - warpgroup, step));
+    }
+  };
+  if (T::kDeferDq && accumulate_dq && warpgroup == 1 && work.steps > 0) {
+    cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_ready(0, 0));
+  }
+  int64_t pending_dq_chunk = 0;  // kDeferDq: the chunk of the previous step's dQ
+
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
-    const int buffer = static_cast<int>(step & 1);
+    const int buffer = static_cast<int>(step % T::kDsBuffers);
     const int64_t h = work.head(p, step);
     const int64_t m_begin = work.m_block(step) * kBlockM;
     // kAlternateDq: warpgroup 1 computes the dQ of even steps, warpgroup 0 that of odd ones, each
     // after the other has arrived at the step's barrier (one per step parity: a warpgroup may
-    // arrive for step + 1 before the other has passed the barrier of step).
-    const bool computes_dq = accumulate_dq && (!T::kAlternateDq || warpgroup != buffer);
-    const uint32_t ds_barrier = kDsReadyBarrier + (T::kAlternateDq ? buffer : 0);
+    // arrive for step + 1 before the other has passed the barrier of step). kDeferDq: both
+    // compute the previous step's dQ, from the previous buffer.
+    const bool computes_dq = accumulate_dq && (T::kAlternateDq ? warpgroup != (step & 1)
+                                               : T::kDeferDq   ? step > 0
+                                                               : true);
+    const int dq_buffer =
+        T::kDeferDq ? static_cast<int>((step + T::kDsBuffers - 1) % T::kDsBuffers) : buffer;
+    const uint32_t ds_barrier = kDsReadyBarrier + (T::kAlternateDq ? (step & 1) : 0);
 
     // The step's fragments are declared here, not above the loop: a wgmma reads its accumulator
     // operand even when told to zero it, so an accumulator that outlived the step would stay
@@ -507,7 +577,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tdVrdV);
     if (accumulate_dq) {
       cutlass::arch::fence_view_async_shared();  // dS stores -> visible to the async proxy
-      if (!computes_dq) {
+      if (T::kDeferDq) {
+        cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads,
+                                            ds_ready(warpgroup, step));
+      } else if (!computes_dq) {
         cutlass::arch::NamedBarrier::arrive(BackwardConfig::kConsumerThreads, ds_barrier);
       } else if (!T::kAlternateDq) {
         cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_barrier);
@@ -515,8 +588,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     }
     Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
     if constexpr (!T::kAlternateDq) {
-      if (accumulate_dq) {
-        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, buffer),
+      if (T::kDeferDq ? accumulate_dq : computes_dq) {
+        if constexpr (T::kDeferDq)
+          if (step > 0) wait_for_other_ds(step - 1);
+        issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, dq_buffer),
                                                                 tdQrKt, tdQrdQ);
       }
     }
@@ -536,10 +611,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         warpgroup_wait<0>();
       }
     } else {
-      // dV and dQ have landed; dK += dS^T Q runs on while dQ is staged.
+      // dV and dQ have landed (kDeferDq, step 0: dV alone); dK += dS^T Q runs on while dQ is
+      // staged.
       warpgroup_wait<1>();
       warpgroup_fence_operand(tdQrdQ);
-      if (accumulate_dq) {
+      if (computes_dq) {
         wait_staging_read(issues_dq);
         stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
@@ -550,6 +626,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdKrdS);
     shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
+    const int64_t dq_chunk = dq_chunk_of(h, m_begin);
     if (computes_dq) {
       if constexpr (T::kAlternateDq) {
         warpgroup_wait<0>();
@@ -557,17 +634,25 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         wait_staging_read(issues_dq);
         stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
-      cutlass::arch::fence_view_async_shared();  // staging stores -> visible to the async proxy
-      __syncwarp();
-      if (issues_dq) {
-        float* chunk =
-            dq_accum + ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
-        CUTE_UNROLL
-        for (int fragment = 0; fragment < T::kDqFragmentsPerThread; ++fragment) {
-          const int64_t piece = T::dq_chunk_float(dq_thread, fragment * kDqFragmentFloats / 128);
-          bulk_reduce_add(chunk + piece, dq_staging + piece, kDqWarpSlots * sizeof(float4));
-        }
-      }
+      reduce_staged_dq<T>(dq_accum + (T::kDeferDq ? pending_dq_chunk : dq_chunk), dq_staging,
+                          dq_thread, issues_dq);
+    }
+    pending_dq_chunk = dq_chunk;
+  }
+  if constexpr (T::kDeferDq) {
+    // The last step's dQ, once the other warpgroup's half of its dS is in shared memory.
+    if (accumulate_dq && work.steps > 0) {
+      wait_for_other_ds(work.steps - 1);
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
+      clear(tdQrdQ);
+      const int last_buffer = static_cast<int>((work.steps - 1) % T::kDsBuffers);
+      issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, last_buffer),
+                                                              tdQrKt, tdQrdQ);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdQrdQ);
+      wait_staging_read(issues_dq);
+      stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
+      reduce_staged_dq<T>(dq_accum + pending_dq_chunk, dq_staging, dq_thread, issues_dq);
     }
   }
   // The block's shared memory must outlive the last bulk reduction's read of it.
