@@ -157,7 +157,8 @@ struct Traits {
   // The same value's place in the thread's warpgroup's staging tile, which holds only the
   // fragments that warpgroup computes (both, or in the split schedule its own).
   static constexpr int dq_staging_float(int dq_thread, int i) {
-    return static_cast<int>(dq_chunk_float(dq_thread, i) % kDqStagingFloats);
+    const int64_t own_fragments = kAlternateDq ? 0 : dq_thread / 128 * kDqFragmentFloats;
+    return static_cast<int>(dq_chunk_float(dq_thread, i) - own_fragments);
   }
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
@@ -506,12 +507,13 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     // after the other has arrived at the step's barrier (one per step parity: a warpgroup may
     // arrive for step + 1 before the other has passed the barrier of step). kDeferDq: both
     // compute the previous step's dQ, from the previous buffer.
-    const bool computes_dq = accumulate_dq && (T::kAlternateDq ? warpgroup != (step & 1)
+    const int parity = static_cast<int>(step & 1);
+    const bool computes_dq = accumulate_dq && (T::kAlternateDq ? warpgroup != parity
                                                : T::kDeferDq   ? step > 0
                                                                : true);
     const int dq_buffer =
         T::kDeferDq ? static_cast<int>((step + T::kDsBuffers - 1) % T::kDsBuffers) : buffer;
-    const uint32_t ds_barrier = kDsReadyBarrier + (T::kAlternateDq ? (step & 1) : 0);
+    const uint32_t ds_barrier = kDsReadyBarrier + (T::kAlternateDq ? parity : 0);
 
     // The step's fragments are declared here, not above the loop: a wgmma reads its accumulator
     // operand even when told to zero it, so an accumulator that outlived the step would stay
@@ -626,7 +628,6 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_fence_operand(tdKrdK);
     warpgroup_fence_operand(tdKrdS);
     shared.empty[stage].arrive();  // the tensor cores are done with Q, dO, lse and D
-    const int64_t dq_chunk = dq_chunk_of(h, m_begin);
     if (computes_dq) {
       if constexpr (T::kAlternateDq) {
         warpgroup_wait<0>();
@@ -634,10 +635,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         wait_staging_read(issues_dq);
         stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
-      reduce_staged_dq<T>(dq_accum + (T::kDeferDq ? pending_dq_chunk : dq_chunk), dq_staging,
-                          dq_thread, issues_dq);
+      reduce_staged_dq<T>(dq_accum + (T::kDeferDq ? pending_dq_chunk : dq_chunk_of(h, m_begin)),
+                          dq_staging, dq_thread, issues_dq);
     }
-    pending_dq_chunk = dq_chunk;
+    if constexpr (T::kDeferDq) pending_dq_chunk = dq_chunk_of(h, m_begin);
   }
   if constexpr (T::kDeferDq) {
     // The last step's dQ, once the other warpgroup's half of its dS is in shared memory.
