@@ -44,16 +44,15 @@
 //    read by the consumers after full[s] completes (TMA complete_tx plus the 32 arrivals, which
 //    release the statistics warp's stores; the mbarrier wait acquires them).
 //  - dS buffer (step & 1; the deferred schedule below has its own rule): written with ordinary
-//  st.shared by the consumers; each thread then
-//    runs fence.proxy.async (its generic writes become visible to the async proxy) before it
-//    arrives at (or syncs on) the step's named barrier, and only after the barrier is the dQ
-//    wgmma (async proxy) issued that reads it. The buffer is written again two steps later. The
-//    dQ warpgroup of step s writes it then after its own wgmma.wait_group 0 of step s; the other
-//    warpgroup computes dQ at step s + 1 and so passes that step's barrier, which needs the dQ
-//    warpgroup of step s to arrive, which it does only after its wait_group 0 of step s. (The
-//    split schedule: both pass every barrier, and reach the next one only after the wait_group 1
-//    that covers their dQ wgmma.) The barriers of consecutive steps have different ids, so an
-//    arrival for step s + 1 can never complete the barrier of step s.
+//    st.shared by the consumers; each thread then runs fence.proxy.async (its generic writes become
+//    visible to the async proxy) before it arrives at (or syncs on) the step's named barrier, and
+//    only after the barrier is the dQ wgmma (async proxy) issued that reads it. The buffer is
+//    written again two steps later. The dQ warpgroup of step s writes it then after its own
+//    wgmma.wait_group 0 of step s; the other warpgroup computes dQ at step s + 1 and so passes that
+//    step's barrier, which needs the dQ warpgroup of step s to arrive, which it does only after its
+//    wait_group 0 of step s. (The split schedule: both pass every barrier, and reach the next one
+//    only after the wait_group 1 that covers their dQ wgmma.) The barriers of consecutive steps
+//    have different ids, so an arrival for step s + 1 can never complete the barrier of step s.
 //  - dS ring of the deferred split schedule (kDeferDq: four buffers, step s in s % 4): warpgroup
 //    w writes its half of dS(s), fences, and arrives at ds_ready(w, s) without waiting; the
 //    other warpgroup syncs on it in its step s + 1, just before it issues dQ(s), and waits for
@@ -591,8 +590,9 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
     if constexpr (!T::kAlternateDq) {
       if (T::kDeferDq ? accumulate_dq : computes_dq) {
-        if constexpr (T::kDeferDq)
+        if constexpr (T::kDeferDq) {
           if (step > 0) wait_for_other_ds(step - 1);
+        }
         issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, dq_buffer),
                                                                 tdQrKt, tdQrdQ);
       }
@@ -613,8 +613,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         warpgroup_wait<0>();
       }
     } else {
-      // dV and dQ have landed (kDeferDq, step 0: dV alone); dK += dS^T Q runs on while dQ is
-      // staged.
+      // dV and dQ have landed (kDeferDq, step 0: the discarded dQ); dK += dS^T Q runs on while
+      // dQ is staged.
       warpgroup_wait<1>();
       warpgroup_fence_operand(tdQrdQ);
       if (computes_dq) {
@@ -645,6 +645,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     if (accumulate_dq && work.steps > 0) {
       wait_for_other_ds(work.steps - 1);
       Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
+      // Defined before the wgmma takes it: left undefined here, ptxas reports the accumulator
+      // defined inside the pipeline stage and serializes the kernel's wgmmas (C7515).
       clear(tdQrdQ);
       const int last_buffer = static_cast<int>((work.steps - 1) % T::kDsBuffers);
       issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, last_buffer),
