@@ -100,6 +100,14 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // The named barrier (CUTLASS numbers user barriers after its reserved ones) where the consumers
 // meet once the step's dS is in shared memory.
 inline constexpr uint32_t kDsReadyBarrier = 0;
+// The deferred schedule's ds_ready ids repeat every kDsReadyCycle steps per warpgroup: an arrival
+// for step s + 4 comes only after the other warpgroup has synced on the one for step s
+// ("Ordering"), so four suffice; both warpgroups' ids must fit in the user barriers.
+inline constexpr int kDsReadyCycle = 4;
+static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
+                  cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers -
+                      cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
+              "the ds_ready ids exceed the named barriers left to user code");
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
@@ -477,10 +485,11 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     return ((work.b * f.heads_q + h) * dq_rows_per_head + m_begin) * kHeadDim;
   };
   // kDeferDq: warpgroup w arrives at ds_ready(w, s) once its half of step s's dS is in shared
-  // memory, and the other syncs on it before it issues that step's dQ. Four ids per warpgroup, by
-  // step, so that an arrival can never count toward an earlier step's barrier ("Ordering").
+  // memory, and the other syncs on it before it issues that step's dQ. kDsReadyCycle ids per
+  // warpgroup, by step, so that an arrival can never count toward an earlier step's barrier
+  // ("Ordering").
   auto ds_ready = [](int writer, int64_t step) {
-    return kDsReadyBarrier + static_cast<uint32_t>(2 * (step % 4) + writer);
+    return kDsReadyBarrier + static_cast<uint32_t>(2 * (step % kDsReadyCycle) + writer);
   };
   // Warpgroup 1 starts once warpgroup 0's first dS is in shared memory, about half a step late,
   // so that from then on one's softmax runs under the other's GEMMs; that sync also covers
