@@ -649,26 +649,24 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     }
     if constexpr (T::kDeferDq) pending_dq_chunk = dq_chunk_of(h, m_begin);
   }
+  // kDeferDq: the last step's dQ, once the other warpgroup's half of its dS is in shared memory.
+  // Its wgmma runs while dK and dV are stored; it is staged and reduced after them.
+  const bool flush_dq = T::kDeferDq && accumulate_dq && work.steps > 0;
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
   if constexpr (T::kDeferDq) {
-    // The last step's dQ, once the other warpgroup's half of its dS is in shared memory.
-    if (accumulate_dq && work.steps > 0) {
+    if (flush_dq) {
       wait_for_other_ds(work.steps - 1);
-      Tensor tdQrdQ = partition_fragment_C(mma_dq, dq_tile);
       // Defined before the wgmma takes it: left undefined here, ptxas reports the accumulator
       // defined inside the pipeline stage and serializes the kernel's wgmmas (C7515).
       clear(tdQrdQ);
       const int last_buffer = static_cast<int>((work.steps - 1) % T::kDsBuffers);
       issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_dq, tdQrdS(_, _, _, last_buffer),
                                                               tdQrKt, tdQrdQ);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdQrdQ);
-      wait_staging_read(issues_dq);
-      stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
-      reduce_staged_dq<T>(dq_accum + pending_dq_chunk, dq_staging, dq_thread, issues_dq);
     }
+  } else {
+    // The block's shared memory must outlive the last bulk reduction's read of it.
+    if (accumulate_dq && issues_dq) bulk_wait_all();
   }
-  // The block's shared memory must outlive the last bulk reduction's read of it.
-  if (accumulate_dq && issues_dq) bulk_wait_all();
 
   // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
   // n * kv_stride, and keys past kept_keys are never written.
@@ -690,6 +688,16 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       *reinterpret_cast<uint32_t*>(dv + key * dv_row + col) =
           pack_pair<Element>(tdVrdV(i), tdVrdV(i + 1));
     }
+  }
+  if constexpr (T::kDeferDq) {
+    if (flush_dq) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdQrdQ);
+      wait_staging_read(issues_dq);
+      stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
+      reduce_staged_dq<T>(dq_accum + pending_dq_chunk, dq_staging, dq_thread, issues_dq);
+    }
+    if (accumulate_dq && issues_dq) bulk_wait_all();
   }
   // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients.
   if (f.kv_stride > 1) {
