@@ -2,7 +2,8 @@
 // the kernel's own CuTe types (no GPU needed; CuTe layouts evaluate on the host):
 //  - every accumulator element pair (2i, 2i + 1) of S^T, dQ and dK/dV is two adjacent columns of
 //    one row (the kernel packs them into one 32-bit store / one 8-byte reduction);
-//  - element i of an S^T fragment is in the row of element 0 or 2 as (i / 2) % 2 says (the mask);
+//  - element i of an S^T or dK/dV fragment is in the row of element 0 or 2 as (i / 2) % 2 says
+//    (the mask; the dK/dV stores' two row pointers);
 //  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV; the warpgroup that
 //    computes a step's dQ owns all of it (the split variant: warpgroup w owns the rows
 //    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps));
@@ -123,6 +124,7 @@ int check() {
       const int row = get<0>(ck(i)), col = get<1>(ck(i));
       dkv_seen.insert(row * kHeadDim + col);
       if (row / 64 != warpgroup) report("dK/dV row outside the warpgroup's keys", tid, i);
+      if (get<0>(ck((i / 2) % 2 == 0 ? 0 : 2)) != row) report("dK/dV row-half rule", tid, i);
       if (i % 2 == 1 && (get<0>(ck(i - 1)) != row || get<1>(ck(i - 1)) != col - 1)) {
         report("dK/dV pair not adjacent", tid, i);
       }
