@@ -710,7 +710,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     }
     if (accumulate_dq && issues_dq) bulk_wait_all();
   }
-  // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients.
+  // Physical rows between the block's kept keys (row % kv_stride != 0) get zero gradients. Warp
+  // v of the consumers takes the rows after kept keys v, v + 8, ..., its lanes a row's pairs:
+  // no division per element (a 64-bit remainder by kv_stride per pair cost more than the rest
+  // of the block's end).
   if (f.kv_stride > 1) {
     const int64_t first_row = work.n_begin * f.kv_stride;
     const int64_t end_row = min((work.n_begin + kBlockN) * f.kv_stride, p.seqlen_k);
@@ -719,13 +722,17 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     Element* dv_head =
         static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride + work.h_kv * p.dv_head_stride;
     constexpr int kPairs = kHeadDim / 2;
-    for (int64_t i = tid; i < (end_row - first_row) * kPairs;
-         i += BackwardConfig::kConsumerThreads) {
-      const int64_t row = first_row + i / kPairs;
-      const int64_t col = 2 * (i % kPairs);
-      if (row % f.kv_stride != 0) {
-        *reinterpret_cast<uint32_t*>(dk_head + row * p.dk_row_stride + col) = 0u;
-        *reinterpret_cast<uint32_t*>(dv_head + row * p.dv_row_stride + col) = 0u;
+    constexpr int kWarps = BackwardConfig::kConsumerThreads / 32;
+    for (int64_t key_row = first_row + tid / 32 * f.kv_stride; key_row < end_row;
+         key_row += kWarps * f.kv_stride) {
+      const int64_t gap_end = min(key_row + f.kv_stride, end_row);
+      for (int64_t row = key_row + 1; row < gap_end; ++row) {
+        uint32_t* dk_pairs = reinterpret_cast<uint32_t*>(dk_head + row * p.dk_row_stride);
+        uint32_t* dv_pairs = reinterpret_cast<uint32_t*>(dv_head + row * p.dv_row_stride);
+        for (int pair = lane; pair < kPairs; pair += 32) {
+          dk_pairs[pair] = 0u;
+          dv_pairs[pair] = 0u;
+        }
       }
     }
   }
