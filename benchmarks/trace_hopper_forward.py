@@ -213,6 +213,41 @@ def producer_timing(trace):
             "q_issue_to_consumer_q_landed": median(q_lead)}
 
 
+# The boundary's events, in whatever order the kernel runs them: those of the finished tile
+# (its last P V, the epilogue's steps) and those of the next one (its Q, first K and S, first
+# softmax, the release of the previous store, its first turn).
+BOUNDARY_EVENTS = (("previous", "last_pv_landed"), ("previous", "o_staged"),
+                   ("previous", "o_store_issued"), ("previous", "epilogue_done"),
+                   ("next", "q_landed"), ("next", "tile_start"), ("next", "first_k_landed"),
+                   ("next", "first_s_landed"), ("next", "first_softmax_done"),
+                   ("next", "store_released"), ("next", "turn_taken"))
+
+
+def boundary_timeline(trace):
+    """Per consumer warpgroup, the median cycles from a tile's last turn done (its last
+    iteration_done) to each boundary event (first occurrence), over every tile followed by
+    another: order-independent, so a reordered boundary reads the same way."""
+    timeline = {}
+    for lane in range(1, trace.lanes):
+        offsets = defaultdict(list)
+        for block in range(trace.blocks):
+            first = defaultdict(dict)  # tile -> event -> first clock
+            last_done = {}
+            for clock, name, tile, _ in decode(trace.lane(block, lane)):
+                first[tile].setdefault(name, clock)
+                if name == "iteration_done":
+                    last_done[tile] = clock
+            for tile, anchor in last_done.items():
+                if "tile_start" not in first.get(tile + 1, {}):
+                    continue
+                for which, name in BOUNDARY_EVENTS:
+                    clock = first[tile if which == "previous" else tile + 1].get(name)
+                    if clock is not None:
+                        offsets[f"{which}.{name}"].append(clock - anchor)
+        timeline[f"warpgroup{lane - 1}"] = {k: median(v) for k, v in offsets.items()}
+    return timeline
+
+
 def run_shape(label, batch, heads, seqlen, head_dim, causal, stride, path):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16,
@@ -243,6 +278,7 @@ def run_shape(label, batch, heads, seqlen, head_dim, causal, stride, path):
         "producer_k_lead_cycles": producer_lead(trace),
         "producer": producer_timing(trace),
         "warpgroups": summarise(trace),
+        "boundary_timeline": boundary_timeline(trace),
     }
 
 
@@ -270,6 +306,9 @@ def main():
                                                 "q_ready_to_first_s", "first_softmax",
                                                 "first_turn_wait")))
             print("    inside: " + ", ".join(f"{k} {entry[k]:.0f}" for k in SCALAR_PHASES[8:]))
+            timeline = sorted(result["boundary_timeline"][name].items(), key=lambda kv: kv[1])
+            print("    boundary from the last turn done: " +
+                  ", ".join(f"{k} {v:.0f}" for k, v in timeline))
             for part in ("first_turn", "middle_turns", "last_turn"):
                 turn = entry[part]
                 print(f"    {part} ({turn['count']}): " + ", ".join(

@@ -44,12 +44,20 @@ __device__ __forceinline__ void producer_loop(
   };
   for (int taken = 0;; ++taken) {
     // The scheduler thread's next unit (scheduler_loop); this thread frees the slot once the
-    // unit's loads are out.
+    // unit's last K is out (release_unit), so that the next unit's fetch, an atomic of ~1k
+    // cycles, runs while this thread waits for the stage of the unit's last V: freed after its
+    // last V, the next unit came ~1.1k cycles after that V's copy (the tile timeline of stop 29),
+    // and the next tile's Q and first K with it.
     shared.barrier_unit_full.wait(taken & 1);
     const int32_t unit = published_tile(shared.scheduled_unit).unit;
     trace(TraceEvent::kUnitTaken, tile_iteration, 0);
     if (unit >= schedule.units) break;
     const int tiles = schedule.tiles_in(unit);
+    bool unit_released = false;
+    auto release_unit = [&]() {
+      if (!unit_released) shared.barrier_unit_empty.arrive();
+      unit_released = true;
+    };
     for (int half = 0; half < tiles; ++half) {
       const TileCoords c =
           tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
@@ -101,9 +109,11 @@ __device__ __forceinline__ void producer_loop(
             sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
       };
       // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
+      const bool last_tile = half + 1 == tiles;
       if (blocks > 0) {
         next_key_block();
         load_k(key_block);
+        if (last_tile && blocks == 1) release_unit();
       }
       if (!sparse) q_buffer = acquire_q_buffer();
       publish_tile(shared.q_tile[q_buffer], unit, half);
@@ -116,11 +126,12 @@ __device__ __forceinline__ void producer_loop(
       for (int left = blocks - 1; left > 0; --left) {
         next_key_block();
         load_k(key_block);
+        if (last_tile && left == 1) release_unit();
         load_v(key_block);
       }
       ++tile_iteration;
     }
-    shared.barrier_unit_empty.arrive();
+    release_unit();  // a unit whose last tile has no key block (or no row)
   }
   // The end, in the next Q buffer's turn: no bytes to wait for, only this arrival.
   const int q_buffer = acquire_q_buffer();
@@ -131,8 +142,7 @@ __device__ __forceinline__ void producer_loop(
 
 // One thread of warpgroup 0 (not the TMA thread: fetching from the work counter there took
 // registers it did not have) walks the block's units, one at a time: it publishes a unit and
-// takes the next one when the producer has issued the loads of the published one (next_unit;
-// the atomic's latency hides behind the key blocks the producer runs ahead of the consumers).
+// takes the next one when the producer has issued the published one's last K (next_unit).
 template <typename SharedStorage>
 __device__ __forceinline__ void scheduler_loop(const TileSchedule& schedule,
                                                SharedStorage& shared) {

@@ -10,7 +10,7 @@
 //    about m_blocks + 1 key blocks.
 // Its next units come from one of two schedules:
 //  - dynamic (a work counter, stream_counter.h): the block's scheduler thread takes the next unit
-//    not yet taken with atomicAdd once the TMA thread has issued the loads of the current one,
+//    not yet taken with atomicAdd once the TMA thread has issued the current one's last K,
 //    so a block that finishes early takes more. The fetch that takes the counter's last value
 //    resets it to zero.
 //  - static (no counter: while a CUDA graph is captured, or SAMATTN_HOPPER_ABLATION=
@@ -88,9 +88,9 @@ inline TileSchedule make_tile_schedule(int64_t batch_heads, int64_t seqlen_q, in
 
 #if defined(__CUDACC__)
 // The unit this block takes after `unit` (>= units: none). The block's scheduler thread calls
-// it once per unit, when the TMA thread has issued that unit's loads: the loads run a few key
-// blocks ahead of the consumers, which hides the atomic's latency, and fetching no earlier
-// leaves the units not yet started to whichever block frees up first.
+// it once per unit, when the TMA thread has issued that unit's last K: its last V waits for a
+// stage that frees a turn later, under which the atomic's latency hides, and fetching no
+// earlier leaves the units not yet started to whichever block frees up first.
 __device__ __forceinline__ int32_t next_unit(const TileSchedule& s, int32_t unit) {
   const int32_t grid = static_cast<int32_t>(gridDim.x);
   if (s.counter == nullptr) return unit + grid;
