@@ -225,25 +225,37 @@ BOUNDARY_EVENTS = (("previous", "last_pv_landed"), ("previous", "o_staged"),
 
 def boundary_timeline(trace):
     """Per consumer warpgroup, the median cycles from a tile's last turn done (its last
-    iteration_done) to each boundary event (first occurrence), over every tile followed by
-    another: order-independent, so a reordered boundary reads the same way."""
+    iteration_done) to each boundary event, over every tile followed by another:
+    order-independent, so a reordered boundary reads the same way. Consumer events are their
+    first occurrence in the tile; the producer's (lane 0, the same SM's clock) are when it
+    issued the finished tile's last K and V and the next tile's unit, first K, Q and first V:
+    whether the next tile's loads go out late or take long to land."""
     timeline = {}
     for lane in range(1, trace.lanes):
         offsets = defaultdict(list)
         for block in range(trace.blocks):
             first = defaultdict(dict)  # tile -> event -> first clock
-            last_done = {}
-            for clock, name, tile, _ in decode(trace.lane(block, lane)):
-                first[tile].setdefault(name, clock)
-                if name == "iteration_done":
-                    last_done[tile] = clock
-            for tile, anchor in last_done.items():
-                if "tile_start" not in first.get(tile + 1, {}):
+            last = defaultdict(dict)  # tile -> event -> last clock
+            for source in (lane, 0):
+                for clock, name, tile, _ in decode(trace.lane(block, source)):
+                    key = name if source else "producer." + name
+                    first[tile].setdefault(key, clock)
+                    last[tile][key] = clock
+            for tile, events in list(last.items()):
+                anchor = events.get("iteration_done")
+                if anchor is None or "tile_start" not in first.get(tile + 1, {}):
                     continue
                 for which, name in BOUNDARY_EVENTS:
                     clock = first[tile if which == "previous" else tile + 1].get(name)
                     if clock is not None:
                         offsets[f"{which}.{name}"].append(clock - anchor)
+                for name in ("producer.k_issued", "producer.v_issued"):
+                    if name in events:
+                        offsets[f"previous.last_{name}"].append(events[name] - anchor)
+                for name in ("producer.unit_taken", "producer.k_issued", "producer.q_issued",
+                             "producer.v_issued"):
+                    if name in first[tile + 1]:
+                        offsets[f"next.{name}"].append(first[tile + 1][name] - anchor)
         timeline[f"warpgroup{lane - 1}"] = {k: median(v) for k, v in offsets.items()}
     return timeline
 
