@@ -137,3 +137,31 @@ def test_a_file_that_is_not_a_trace_is_refused(tmp_path):
     write_trace(path, blocks=1, magic=1234)
     with pytest.raises(ValueError, match="not a samattn Hopper forward trace"):
         trace_reader.Trace(str(path))
+
+
+def test_boundary_timeline_places_every_event_against_the_last_turn(tmp_path):
+    path = tmp_path / "trace.bin"
+    write_trace(path, blocks=1)
+    timeline = trace_reader.boundary_timeline(trace_reader.Trace(str(path)))
+    assert sorted(timeline) == ["warpgroup0", "warpgroup1"]
+    records = [trace_reader.decode([r])[0] for r in consumer_lane(start=0)]
+    # Tiles 0 and 1 are followed by a tile; tile 2 only by the end of the work.
+    anchors = [max(c for c, n, t, _ in records if n == "iteration_done" and t == tile)
+               for tile in (0, 1)]
+    epilogue = ["last_pv_landed", "o_staged", "o_stage_synced", "o_store_issued", "epilogue_done"]
+    opening = ["q_landed", "tile_start", "first_k_landed", "first_s_landed", "first_softmax_done",
+               "store_released", "turn_taken"]
+    expected, clock = {}, 0
+    for name in epilogue + opening:
+        clock += LENGTH[name]
+        which = "previous" if name in epilogue else "next"
+        if name != "o_stage_synced":
+            expected[f"{which}.{name}"] = clock
+    producer = {"previous.last_producer.k_issued": (100, 0), "previous.last_producer.v_issued":
+                (300, 0), "next.producer.unit_taken": (0, 1), "next.producer.k_issued": (5, 1),
+                "next.producer.q_issued": (7, 1), "next.producer.v_issued": (9, 1)}
+    for key, (offset, tile_shift) in producer.items():
+        values = [1000 * (tile + tile_shift) + offset - anchors[tile] for tile in (0, 1)]
+        expected[key] = sum(values) / 2
+    for entry in timeline.values():
+        assert entry == pytest.approx(expected)
