@@ -35,6 +35,12 @@ struct ForwardTile {
   // S GEMM before it finds its masked-block bounds (~600-750 cycles), which then run under the
   // GEMM (the tile timeline of benchmarks/NOTES.md, stop 19).
   bool lean_tile_start = false;
+  // The next tile's first S GEMM under this tile's epilogue: the last P V goes out unwaited, the
+  // next tile is opened and its first S GEMM issued, then the P V is waited for and the epilogue
+  // runs while the S GEMM is in flight (forward_consumer.cuh; the block protocol's model,
+  // tests/emulation/hopper_forward_pipeline.py, checks its deadlock rule). Needs
+  // lean_tile_start. Tuning entries only: stop 29 measured it slower (benchmarks/NOTES.md).
+  bool overlap_next_tile = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -67,14 +73,16 @@ struct ForwardTile {
 // SAMATTN_HOPPER_TILE=<index> picks any compiled entry at run time, so one benchmark run
 // measures them side by side (forward_dispatch.cpp).
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
-// + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] the same without
-// the lean start; [2] two consumer warpgroups (128 x 128 tiles) with a lean tile start, which
-// short causal problems run. Until stop 24 the default was the last entry and entry 0 the
-// two-warpgroup tile with FMA-pipe exponentials and serialized wgmmas, which no tuning run had
-// measured since stop 20 (the benchmarks and variant tests take entries 1 and 2).
-// Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start
-// (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1] the same
-// without the lean start (the default until stop 20); [2] 3 stages of 128 x 128
+// + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] entry 2 with the
+// overlapped boundary (ForwardTile::overlap_next_tile; until stop 29 entry 0 without the lean
+// start; entry 0 itself spilled in its key loop with the overlap); [2] two consumer warpgroups
+// (128 x 128 tiles) with a lean tile start, which short causal problems run. Until stop 24 the
+// default was the last entry and entry 0 the two-warpgroup tile with FMA-pipe exponentials and
+// serialized wgmmas, which no tuning run had measured since stop 20 (the benchmarks and variant
+// tests take entries 1 and 2). Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean
+// tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run); [1]
+// the same with the overlapped boundary (until stop 29 the same without the lean start, the default
+// until stop 20); [2] 3 stages of 128 x 128
 // K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third
 // stage of K alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower
 // on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time.)
@@ -82,9 +90,9 @@ struct ForwardTile {
 // (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24
 // the published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
 inline constexpr ForwardTile kTiles64[] = {
-    {3, 128, 3, 2, 32, true}, {3, 128, 3, 2, 32}, {2, 128, 3, 2, 40, true}};
+    {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true, true}, {2, 128, 3, 2, 40, true}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 40, true}, {2, 128, 2, 2, 40}, {2, 128, 3, 1, 40}};
+    {2, 128, 2, 2, 40, true}, {2, 128, 2, 2, 40, true, true}, {2, 128, 3, 1, 40}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,
