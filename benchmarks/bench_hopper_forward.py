@@ -3,7 +3,7 @@
 in one process, bf16 by default.
 
 In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's alternative tile
-variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND below)
+variants (SAMATTN_HOPPER_TILE=1, 2, 3: entries of forward_config.h's tile tables, TILE_LEGEND)
 at head dims 64 and 128, so one run compares them; without that build those columns are left
 out. With --ablations, also the Hopper path with its ping-pong, its output store through shared
 memory or its work-counter schedule switched off
@@ -73,13 +73,14 @@ def samattn_backend(backend):
     return run
 
 
+# The tuning build's other entries of a head dim's tile table (SAMATTN_HOPPER_TILE).
+TILE_VARIANTS = (1, 2, 3)
 METHODS = {
     "samattn-hopper": samattn_backend("hopper"),
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-    "samattn-hopper-tile1": samattn_backend("hopper"),
-    "samattn-hopper-tile2": samattn_backend("hopper"),
+    **{f"samattn-hopper-tile{t}": samattn_backend("hopper") for t in TILE_VARIANTS},
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
     "samattn-hopper-no_staged_store": samattn_backend("hopper"),
     "samattn-hopper-static_schedule": samattn_backend("hopper"),
@@ -89,13 +90,12 @@ METHODS = {
 # SAMATTN_HOPPER_TILE: another entry of the head dim's tile table (tuning builds, head dims 64
 # and 128).
 ENVIRONMENT = {
-    "samattn-hopper-tile1": {"SAMATTN_HOPPER_TILE": "1"},
-    "samattn-hopper-tile2": {"SAMATTN_HOPPER_TILE": "2"},
+    **{f"samattn-hopper-tile{t}": {"SAMATTN_HOPPER_TILE": str(t)} for t in TILE_VARIANTS},
     "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
     "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
     "samattn-hopper-static_schedule": {"SAMATTN_HOPPER_ABLATION": "static_schedule"},
 }
-TILE_METHODS = ("samattn-hopper-tile1", "samattn-hopper-tile2")
+TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_staged_store",
                     "samattn-hopper-static_schedule")
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn"}
@@ -103,9 +103,11 @@ ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_sche
 TILE_LEGEND = {
     64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
          "128x128 3 stages 2 Q, lean tile start, overlapped boundary",
-         "128x128 3 stages 2 Q, lean tile start"),
+         "128x128 3 stages 2 Q, lean tile start",
+         "128x128 3 stages 2 Q, lean tile start, lean mask"),
     128: ("128x128 2 stages 2 Q, lean tile start",
-          "128x128 2 stages 2 Q, lean tile start, overlapped boundary", "128x128 3 stages 1 Q"),
+          "128x128 2 stages 2 Q, lean tile start, overlapped boundary", "128x128 3 stages 1 Q",
+          "128x128 2 stages 2 Q, lean tile start, lean mask"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}
@@ -222,7 +224,7 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
     methods = {
         "samattn": lambda: samattn.attention(q, k, v, kv_stride=stride),
         **({name: lambda: samattn.attention(q, k, v, kv_stride=stride)
-            for name in ("samattn-tile1", "samattn-tile2")}
+            for name in (f"samattn-tile{t}" for t in TILE_VARIANTS)}
            if OPTIONAL["tiles"] else {}),
         **{"samattn-" + a: lambda: samattn.attention(q, k, v, kv_stride=stride)
            for a in OPTIONAL["ablations"]},
@@ -285,7 +287,7 @@ def print_summary(result: dict) -> None:
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default"
           " path: entry 0, at D = 64 causal with S <= 1k entry 2"
-          + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
+          + ("; t1 ... t3 = SAMATTN_HOPPER_TILE=1 ... 3" if tiles else "")
           + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
              " the work counter" if ablations else "")
           + ")")
@@ -293,9 +295,9 @@ def print_summary(result: dict) -> None:
         for head_dim, names in TILE_LEGEND.items():
             print(f"  D{head_dim}: " + ", ".join(f"entry {i} {n}" for i, n in enumerate(names)))
     header = f"{'shape':<36} {'t0':>6}"
-    header += f" {'t1':>6} {'t2':>6}" if tiles else ""
+    header += "".join(f" {'t' + str(t):>6}" for t in TILE_VARIANTS) if tiles else ""
     header += f" {'cudnn':>6} {'fa2':>6}  t0/cudnn"
-    header += "  t1/cudnn  t2/cudnn" if tiles else ""
+    header += "".join(f"  t{t}/cudnn" for t in TILE_VARIANTS) if tiles else ""
     header += "  best"
     header += "   t0/fa2" + "".join(f"  /{ABLATION_COLUMNS[a]:<4}" for a in ablations)
     print(header)
@@ -304,11 +306,11 @@ def print_summary(result: dict) -> None:
         line = f"{row['label']:<36} {cell(ours)}"
         variants = {"t0": ours}
         if tiles:
-            variants.update(t1=tflops(row, TILE_METHODS[0]), t2=tflops(row, TILE_METHODS[1]))
-            line += f" {cell(variants['t1'])} {cell(variants['t2'])}"
+            variants.update({f"t{t}": tflops(row, m) for t, m in zip(TILE_VARIANTS, TILE_METHODS)})
+            line += "".join(f" {cell(variants[f't{t}'])}" for t in TILE_VARIANTS)
         line += f" {cell(cudnn)} {cell(fa2)}  {ratio(ours, cudnn):>8}"
         if tiles:
-            line += f"  {ratio(variants['t1'], cudnn):>8}  {ratio(variants['t2'], cudnn):>8}"
+            line += "".join(f"  {ratio(variants[f't{t}'], cudnn):>8}" for t in TILE_VARIANTS)
         line += f"  {max(variants, key=lambda n: variants[n] or 0.0):<4}"
         line += f"  {ratio(ours, fa2):>7}"
         for a in ablations:
@@ -320,7 +322,7 @@ def print_summary(result: dict) -> None:
         cudnn = ms.get("sdpa-cudnn-view")
         names = {"t0": "samattn"}
         if tiles:
-            names.update(t1="samattn-tile1", t2="samattn-tile2")
+            names.update({f"t{t}": f"samattn-tile{t}" for t in TILE_VARIANTS})
         names.update({ABLATION_COLUMNS[a]: "samattn-" + a for a in ablations})
         cells = ", ".join(
             f"{label} {ms.get(n) or float('nan'):.3f} ms ({ratio(cudnn, ms.get(n)).strip()}x"
