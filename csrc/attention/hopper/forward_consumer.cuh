@@ -219,12 +219,16 @@ __device__ __forceinline__ void consumer_loop(
       }
     }
   };
+  // The highest of tile t's own blocks: its key block, and its K landed.
+  auto wait_first_k = [&](TileState& t) {
+    t.key_block = next_key_block(t, t.own_end_block);
+    pipeline_k.consumer_wait(state);
+    trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
+  };
   auto start_tile = [&](TileState& t) {
     pass_on_skipped_blocks(t);
     if (t.own_blocks > 0) {
-      t.key_block = next_key_block(t, t.own_end_block);
-      pipeline_k.consumer_wait(state);
-      trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
+      wait_first_k(t);
       Tensor tSrQ_tile = tSrQ(_, _, _, t.q_buffer);
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
@@ -555,11 +559,7 @@ __device__ __forceinline__ void consumer_loop(
       const bool early = has_next && next.tile_blocks - next.own_blocks < Traits::kStages;
       if (early) pass_on_skipped_blocks(next);
       const bool real_s = early && next.own_blocks > 0;
-      if (real_s) {
-        next.key_block = next_key_block(next, next.own_end_block);
-        pipeline_k.consumer_wait(state);
-        trace(TraceEvent::kFirstKLanded, next.iteration, next.own_blocks - 1);
-      }
+      if (real_s) wait_first_k(next);
       Tensor tSrQ_next = tSrQ(_, _, _, next.q_buffer);
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
           mma_s, tSrQ_next, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
