@@ -37,12 +37,14 @@ EVENTS = ["", "tile_start", "first_s_landed", "first_softmax_done", "turn_taken"
           "s_landed", "softmax_done", "pv_landed", "iteration_done", "last_pv_landed",
           "epilogue_done", "unit_taken", "k_issued", "v_issued", "q_issued", "q_landed",
           "first_k_landed", "store_released", "o_staged", "o_stage_synced", "o_store_issued"]
-# (label, batch, heads, seqlen, head_dim, causal, kv_stride)
+# (label, batch, heads, seqlen, head_dim, samattn.attention's options); the window is issue
+# 6's sliding window 256, whose tiles walk 3 key blocks (2 of them masked).
 SHAPES = [
-    ("D128 S1k", 16, 16, 1024, 128, False, 1),
-    ("D128 stride4", 4, 16, 4096, 128, False, 4),
-    ("D128 S16k", 1, 16, 16384, 128, False, 1),
-    ("D64 S1k causal", 16, 16, 1024, 64, True, 1),
+    ("D128 S1k", 16, 16, 1024, 128, {}),
+    ("D128 stride4", 4, 16, 4096, 128, {"kv_stride": 4}),
+    ("D128 S16k", 1, 16, 16384, 128, {}),
+    ("D64 S1k causal", 16, 16, 1024, 64, {"causal": True}),
+    ("D128 S16k window256", 1, 16, 16384, 128, {"causal": True, "window": (256, 0)}),
 ]
 
 
@@ -260,12 +262,12 @@ def boundary_timeline(trace):
     return timeline
 
 
-def run_shape(label, batch, heads, seqlen, head_dim, causal, stride, path):
+def run_shape(label, batch, heads, seqlen, head_dim, options, path):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16,
                            generator=gen) for _ in range(3))
     def call():
-        samattn.attention(q, k, v, causal=causal, kv_stride=stride, backend="hopper")
+        samattn.attention(q, k, v, backend="hopper", **options)
 
     # Untraced calls of this build first (no file: the kernel skips its stores), then one traced.
     os.environ.pop("SAMATTN_HOPPER_TRACE_FILE", None)
