@@ -102,12 +102,12 @@ ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_sche
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
 TILE_LEGEND = {
     64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
-         "128x128 3 stages 2 Q, lean tile start, overlapped boundary",
+         "128x128 3 stages 2 Q, lean tile start, overlapped boundary, early Q",
          "128x128 3 stages 2 Q, lean tile start",
-         "128x128 3 stages 2 Q, lean tile start, lean mask"),
+         "128x128 3 stages 2 Q, lean tile start, early Q"),
     128: ("128x128 2 stages 2 Q, lean tile start",
-          "128x128 2 stages 2 Q, lean tile start, overlapped boundary", "128x128 3 stages 1 Q",
-          "128x128 2 stages 2 Q, lean tile start, lean mask"),
+          "128x128 2 stages 2 Q, lean tile start, overlapped boundary, early Q",
+          "128x128 3 stages 1 Q", "128x128 2 stages 2 Q, lean tile start, early Q"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}

@@ -2,7 +2,8 @@
 forward_consumer.cuh), to look for deadlocks without a GPU.
 
 What it keeps of the kernel: the producer's order of copies (per tile: its first K, then its Q
-once the Q buffer is free, then that first V, then K, V of each further block), the kStages-deep
+once the Q buffer is free, then that first V, then K, V of each further block; with
+ForwardTile::early_q the Q before the first K), the kStages-deep
 K and V rings (a copy waits until every consumer warpgroup has released the stage's previous
 load), the Q buffers (a tile's Q waits until every warpgroup has released the tile kQBuffers
 earlier; with O staged through shared memory a warpgroup releases it only after its next tile's
@@ -33,8 +34,8 @@ class Tile:
 class Protocol:
     """Shared state: copies issued, releases per load, turn-barrier arrivals."""
 
-    def __init__(self, tiles, warpgroups, stages, q_buffers):
-        self.tiles, self.warpgroups = tiles, warpgroups
+    def __init__(self, tiles, warpgroups, stages, q_buffers, early_q=False):
+        self.tiles, self.warpgroups, self.early_q = tiles, warpgroups, early_q
         self.stages, self.q_buffers = stages, q_buffers
         self.k_issued = self.v_issued = 0  # loads issued so far (global load index)
         self.q_published = 0               # tiles (and the end marker) published
@@ -52,11 +53,15 @@ class Protocol:
 def producer(p):
     load = 0
     for t, tile in enumerate(p.tiles):
-        if tile.blocks > 0:  # the first K goes out before the wait for the Q buffer
+        if p.early_q:
+            yield lambda t=t: p.released(p.q_released, t - p.q_buffers)
+            p.q_published += 1
+        if tile.blocks > 0:  # without early_q, before the wait for the Q buffer
             yield lambda load=load: p.released(p.k_released, load - p.stages)
             p.k_issued += 1
-        yield lambda t=t: p.released(p.q_released, t - p.q_buffers)
-        p.q_published += 1
+        if not p.early_q:
+            yield lambda t=t: p.released(p.q_released, t - p.q_buffers)
+            p.q_published += 1
         for block in range(tile.blocks):
             if block > 0:
                 yield lambda load=load: p.released(p.k_released, load - p.stages)
@@ -185,10 +190,10 @@ def consumer(p, w, overlap, early_rule, stage_o):
         yield from run_tile(t, nxt, last_pv=False)
 
 
-def run(tiles, warpgroups, stages, q_buffers, overlap, early_rule, rng):
+def run(tiles, warpgroups, stages, q_buffers, overlap, early_rule, rng, early_q=False):
     """One random interleaving; returns None when every actor finished, else a description of
     the deadlock."""
-    p = Protocol(tiles, warpgroups, stages, q_buffers)
+    p = Protocol(tiles, warpgroups, stages, q_buffers, early_q)
     stage_o = q_buffers > 1 and warpgroups == 2
     actors = {"producer": producer(p)}
     for w in range(warpgroups):
@@ -219,14 +224,15 @@ def random_tiles(rng, warpgroups):
     return tiles
 
 
-def count_deadlocks(trials, overlap, early_rule, seed=0):
+def count_deadlocks(trials, overlap, early_rule, seed=0, early_q=False, q_buffers=2):
     rng = random.Random(seed)
     deadlocks = 0
     for _ in range(trials):
         warpgroups = rng.choice([2, 3])
         stages = rng.choice([2, 3])
         tiles = random_tiles(rng, warpgroups)
-        if run(tiles, warpgroups, stages, 2, overlap, early_rule, rng) is not None:
+        if run(tiles, warpgroups, stages, q_buffers, overlap, early_rule, rng,
+               early_q) is not None:
             deadlocks += 1
     return deadlocks
 
@@ -235,5 +241,8 @@ if __name__ == "__main__":
     for label, overlap, rule in (("plain loop", False, True),
                                  ("overlapped, with the rule", True, True),
                                  ("overlapped, without the rule", True, False)):
-        print(f"{label}: {count_deadlocks(3000, overlap, rule)} deadlocks in 3000 schedules")
+        for early_q in (False, True):
+            deadlocks = count_deadlocks(3000, overlap, rule, early_q=early_q)
+            print(f"{label}{', early Q' if early_q else ''}: {deadlocks} deadlocks in 3000 "
+                  "schedules")
     sys.exit(0)

@@ -41,12 +41,13 @@ struct ForwardTile {
   // tests/emulation/hopper_forward_pipeline.py, checks its deadlock rule). Needs
   // lean_tile_start. Tuning entries only: stop 29 measured it slower (benchmarks/NOTES.md).
   bool overlap_next_tile = false;
-  // Masked key blocks (the causal diagonal, a window's ends, the end of the keys, hidden
-  // block-map blocks) masked on the raw scores, which then take the unmasked blocks' fused FFMA
-  // (a positive scale keeps -inf at -inf), with each element's column relative to the thread's
-  // first, so that a test is one compare with an immediate: ~128 fewer instructions per thread
-  // and masked block (ptxas, head dim 64 short causal). Tuning entries only until measured.
-  bool lean_mask = false;
+  // The tile's Q goes out before its first K. With two Q buffers the next tile's buffer is
+  // free long before a K stage is (its last user is the tile before), and the tile timeline of
+  // stop 30 has the Q copy taking ~2k cycles to land, issued only once the first K's stage had
+  // freed, ~0.7k cycles before the current tile's last turn: the plain loop waits ~0.2k cycles
+  // for it after its epilogue, the overlapped boundary (which needs it before its last P V
+  // lands) ~1.9k. Tuning entries only until measured.
+  bool early_q = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -80,28 +81,29 @@ struct ForwardTile {
 // measures them side by side (forward_dispatch.cpp).
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
 // + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] entry 2 with the
-// overlapped boundary (ForwardTile::overlap_next_tile; until stop 29 entry 0 without the lean
-// start; entry 0 itself spilled in its key loop with the overlap); [2] two consumer warpgroups
-// (128 x 128 tiles) with a lean tile start, which short causal problems run. Until stop 24 the
-// default was the last entry and entry 0 the two-warpgroup tile with FMA-pipe exponentials and
-// serialized wgmmas, which no tuning run had measured since stop 20 (the benchmarks and variant
-// tests take entries 1, 2 and 3); [3] entry 2 with ForwardTile::lean_mask. Head dim 128: [0] 2
-// stages of 128 x 128 K and V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start: +3-7%
-// at S <= 2k causal in stop 20's first run); [1] the same with the overlapped boundary (until stop
-// 29 the same without the lean start, the default until stop 20); [2] 3 stages of 128 x 128 K and V
-// with one Q buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third stage of K
-// alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the kv_stride
-// = 4 case in stop 19: the tile timeline showed that K lands in time.) [3] entry 0 with
-// ForwardTile::lean_mask. Producer registers: 40 (consumers 232) where the consumers fit that
-// without spilling, else 24 (consumers 240), where ptxas spills a few bytes in the producer's
-// single TMA thread (under 24 the published work unit and the tile walk no longer fit); 32 with
-// three consumer warpgroups.
+// overlapped boundary (ForwardTile::overlap_next_tile) and early_q (below; until stop 29 entry 0
+// without the lean start; entry 0 itself spilled in its key loop with the overlap); [2] two
+// consumer warpgroups (128 x 128 tiles) with a lean tile start, which short causal problems run.
+// Until stop 24 the default was the last entry and entry 0 the two-warpgroup tile with FMA-pipe
+// exponentials and serialized wgmmas, which no tuning run had measured since stop 20 (the
+// benchmarks and variant tests take entries 1, 2 and 3); [3] entry 2 with ForwardTile::early_q.
+// (Stop 30 measured a lean mask as entry 3, masked blocks taking the fused FFMA: 0.98-1.00x at head
+// dims 64 and 128 and on issue 6's masks; removed.) Head dim 128: [0] 2 stages of 128 x 128 K and
+// V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop
+// 20's first run); [1] the same with the overlapped boundary and early_q (until stop 29 the same
+// without the lean start, the default until stop 20); [2] 3 stages of 128 x 128 K and V with one Q
+// buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third stage of K alone, with
+// two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the kv_stride = 4 case in
+// stop 19: the tile timeline showed that K lands in time.) [3] entry 0 with ForwardTile::early_q.
+// Producer registers: 40 (consumers 232) where the consumers fit that without spilling, else 24
+// (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24 the
+// published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
 inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true},
-                                           {2, 128, 3, 2, 40, true, true},
+                                           {2, 128, 3, 2, 40, true, true, true},
                                            {2, 128, 3, 2, 40, true},
                                            {2, 128, 3, 2, 40, true, false, true}};
 inline constexpr ForwardTile kTiles128[] = {{2, 128, 2, 2, 40, true},
-                                            {2, 128, 2, 2, 40, true, true},
+                                            {2, 128, 2, 2, 40, true, true, true},
                                             {2, 128, 3, 1, 40},
                                             {2, 128, 2, 2, 40, true, false, true}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};

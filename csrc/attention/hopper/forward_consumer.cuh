@@ -56,7 +56,6 @@ __device__ __forceinline__ void consumer_loop(
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
   constexpr bool kOverlapNextTile = Traits::kTile.overlap_next_tile;
-  constexpr bool kLeanMask = Traits::kTile.lean_mask;
   static_assert(!kOverlapNextTile || kLeanTileStart, "the overlap finds the bounds under the GEMM");
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
@@ -246,52 +245,6 @@ __device__ __forceinline__ void consumer_loop(
         hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
     if (!needs_mask && fuse_scale) {
       softmax.update(tSrS, scale_log2, rescale);
-      return;
-    }
-    if constexpr (kLeanMask) {
-      // With a positive scale a hidden score is set to -inf raw and the fused FFMA serves
-      // masked blocks too (-inf times the scale stays -inf); otherwise the scores are scaled
-      // first, so that their max is the max of the scaled ones.
-      if (!fuse_scale) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
-      }
-      if (needs_mask) {
-        // Columns relative to this thread's first: each element's is then a constant, and a
-        // mask test one compare with an immediate (absolute columns cost an add per element).
-        const int first_column = get<1>(tScS(0));
-        const TileGeometry g = geometry(cur);
-        int low[2] = {0, 0}, limit[2];  // this block's visible columns of each row: [low, limit)
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-          if (g.windowed) {
-            const detail::Span span = window_key_span(g, row);
-            const int64_t block_begin = int64_t{n_block} * kBlockN;
-            low[r] =
-                static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
-            limit[r] =
-                static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
-          } else {
-            limit[r] = max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
-          }
-          low[r] -= first_column;
-          limit[r] = hidden ? -first_column : limit[r] - first_column;
-        }
-        if (g.windowed) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) {
-            const int column = get<1>(tScS(i)) - first_column;
-            if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
-          }
-        } else {  // the causal diagonal, the end of the keys or a hidden block: no low end
-          CUTE_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) {
-            if (get<1>(tScS(i)) - first_column >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
-          }
-        }
-      }
-      softmax.update(tSrS, fuse_scale ? scale_log2 : 1.f, rescale);
       return;
     }
     CUTE_UNROLL

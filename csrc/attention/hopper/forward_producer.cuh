@@ -108,20 +108,27 @@ __device__ __forceinline__ void producer_loop(
         key_block =
             sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
       };
-      // The first K goes out before waiting for Q's buffer: its stage frees up earlier.
+      auto load_q = [&]() {
+        if (!sparse) q_buffer = acquire_q_buffer();
+        publish_tile(shared.q_tile[q_buffer], unit, half);
+        if constexpr (Traits::kTile.lean_tile_start) {
+          publish_value(shared.q_tile_coords[q_buffer], c);
+        }
+        shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
+        copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
+             get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
+        trace(TraceEvent::kQIssued, tile_iteration, q_buffer);
+      };
+      // Without early_q the first K goes out before the wait for Q's buffer: with one Q buffer,
+      // the K stage frees up earlier.
+      if constexpr (Traits::kTile.early_q) load_q();
       const bool last_tile = half + 1 == tiles;
       if (blocks > 0) {
         next_key_block();
         load_k(key_block);
         if (last_tile && blocks == 1) release_unit();
       }
-      if (!sparse) q_buffer = acquire_q_buffer();
-      publish_tile(shared.q_tile[q_buffer], unit, half);
-      if constexpr (Traits::kTile.lean_tile_start) publish_value(shared.q_tile_coords[q_buffer], c);
-      shared.barrier_q_full[q_buffer].arrive_and_expect_tx(Traits::kQBytes);
-      copy(params.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q_full[q_buffer]), 0),
-           get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
-      trace(TraceEvent::kQIssued, tile_iteration, q_buffer);
+      if constexpr (!Traits::kTile.early_q) load_q();
       if (blocks > 0) load_v(key_block);
       for (int left = blocks - 1; left > 0; --left) {
         next_key_block();
