@@ -3,9 +3,8 @@ forward_consumer.cuh), to look for deadlocks without a GPU.
 
 What it keeps of the kernel: the producer's order of copies (per tile: its first K, then its Q
 once the Q buffer is free, then that first V, then K, V of each further block; with
-ForwardTile::early_q the Q before the first K), the kStages-deep
-K and V rings (a copy waits until every consumer warpgroup has released the stage's previous
-load), the Q buffers (a tile's Q waits until every warpgroup has released the tile kQBuffers
+ForwardTile::early_q the Q before the first K), the kStages-deep K and V rings (a copy waits
+until every consumer warpgroup has released the stage's previous load), the Q buffers (a tile's Q waits until every warpgroup has released the tile kQBuffers
 earlier; with O staged through shared memory a warpgroup releases it only after its next tile's
 first block), the turns (named barriers passed around the warpgroups; each warpgroup takes
 blocks - 1 turns a tile, idle ones included) and the end marker. Each warpgroup sees `own`
@@ -13,12 +12,10 @@ of a tile's blocks and passes on the others first (rows past the sequence's end,
 varlen). What it leaves out: data, GEMM waits (they are local to a warpgroup) and the unit
 scheduler (it feeds only the producer).
 
-Two consumer loops: the plain one (open, start, run, finish) and the overlapped boundary
-(ForwardTile::overlap_next_tile): the last P V of a tile goes out unwaited and holds its V stage
-until the next tile has been opened and its first K waited for; a warpgroup that passes on
-kStages or more of the next tile's blocks starts it after the epilogue instead (`early_rule`).
+The consumer loop: open, start, run, finish. (Until stop 30 the model also had an overlapped
+tile boundary, ForwardTile::overlap_next_tile, removed with that kernel variant: commit 7aaaa7a.)
 
-    python3 tests/emulation/hopper_forward_pipeline.py   -> deadlock counts per loop, exit 0
+    python3 tests/emulation/hopper_forward_pipeline.py   -> deadlock counts per order, exit 0
 """
 import random
 import sys
@@ -73,7 +70,7 @@ def producer(p):
     p.q_published += 1  # the end marker
 
 
-def consumer(p, w, overlap, early_rule, stage_o):
+def consumer(p, w, stage_o):
     """Warpgroup w's loop; yields the predicate it blocks on, acts when it holds."""
     waits = 0
     state = 0
@@ -108,9 +105,9 @@ def consumer(p, w, overlap, early_rule, stage_o):
         if tile.own[w] > 0:
             yield lambda s=state: p.k_issued > s  # the first S GEMM's K
 
-    def run_tile(t, tile, last_pv):
-        """From the first S GEMM (its K waited for) to the last turn, and with last_pv the last
-        P V (waited for, its V stage kept until finish)."""
+    def run_tile(t, tile):
+        """From the first S GEMM (its K waited for) to the last P V (waited for, its V stage kept
+        until finish)."""
         nonlocal state
         own = tile.own[w]
         if own == 0:
@@ -130,12 +127,10 @@ def consumer(p, w, overlap, early_rule, stage_o):
                 Protocol.release(p.q_released, t)
             Protocol.release(p.v_released, state)
             state = following
-        if last_pv:
-            yield lambda s=state: p.v_issued > s
-            v_state = state
-            state += 1
-            return v_state
-        return None
+        yield lambda s=state: p.v_issued > s
+        v_state = state
+        state += 1
+        return v_state
 
     def turn_wait_then(following):
         nonlocal waits
@@ -154,50 +149,26 @@ def consumer(p, w, overlap, early_rule, stage_o):
     if w == p.warpgroups - 1:  # TurnBarrier::start: warpgroup 0 takes the first turn
         p.turn_arrivals[0] += 1
 
-    if not overlap:
-        for t in range(len(p.tiles) + 1):
-            yield lambda t=t: p.q_published > t
-            if t == len(p.tiles):
-                return
-            tile = p.tiles[t]
-            yield from start_tile(tile)
-            v_state = yield from run_tile(t, tile, last_pv=True)
-            finish(t, tile, v_state)
-        return
-
-    cur = None  # (t, tile) in hand
-    v_state = None
     for t in range(len(p.tiles) + 1):
-        if cur is not None and cur[1].own[w] > 0:  # the last P V, issued unwaited
-            yield lambda s=state: p.v_issued > s
-            v_state = state
-            state += 1
         yield lambda t=t: p.q_published > t
-        has_next = t < len(p.tiles)
-        nxt = p.tiles[t] if has_next else None
-        early = has_next and (not early_rule or nxt.blocks - nxt.own[w] < p.stages)
-        if early:
-            yield from pass_on_skipped(nxt)
-            if nxt.own[w] > 0:
-                yield lambda s=state: p.k_issued > s  # its first S GEMM's K
-        if cur is not None:
-            finish(cur[0], cur[1], v_state)
-        if not has_next:
+        if t == len(p.tiles):
             return
-        if not early:
-            yield from start_tile(nxt)
-        cur = (t, nxt)
-        yield from run_tile(t, nxt, last_pv=False)
+        tile = p.tiles[t]
+        yield from start_tile(tile)
+        v_state = yield from run_tile(t, tile)
+        finish(t, tile, v_state)
 
 
-def run(tiles, warpgroups, stages, q_buffers, overlap, early_rule, rng, early_q=False):
+def run(tiles, warpgroups, stages, q_buffers, rng, early_q=False, stage_o=None):
     """One random interleaving; returns None when every actor finished, else a description of
-    the deadlock."""
+    the deadlock. stage_o: O staged in the Q buffer (released after the next tile's first
+    block); None = the kernel's rule (kCanStageO: two Q buffers, two consumer warpgroups)."""
     p = Protocol(tiles, warpgroups, stages, q_buffers, early_q)
-    stage_o = q_buffers > 1 and warpgroups == 2
+    if stage_o is None:
+        stage_o = q_buffers > 1 and warpgroups == 2
     actors = {"producer": producer(p)}
     for w in range(warpgroups):
-        actors[f"warpgroup{w}"] = consumer(p, w, overlap, early_rule, stage_o)
+        actors[f"warpgroup{w}"] = consumer(p, w, stage_o)
     pending = {}
     for name, gen in list(actors.items()):
         try:
@@ -224,25 +195,25 @@ def random_tiles(rng, warpgroups):
     return tiles
 
 
-def count_deadlocks(trials, overlap, early_rule, seed=0, early_q=False, q_buffers=2):
+def count_deadlocks(trials, seed=0, early_q=False, q_buffers=2, stage_o=None):
     rng = random.Random(seed)
     deadlocks = 0
     for _ in range(trials):
         warpgroups = rng.choice([2, 3])
         stages = rng.choice([2, 3])
         tiles = random_tiles(rng, warpgroups)
-        if run(tiles, warpgroups, stages, q_buffers, overlap, early_rule, rng,
-               early_q) is not None:
+        if run(tiles, warpgroups, stages, q_buffers, rng, early_q, stage_o) is not None:
             deadlocks += 1
     return deadlocks
 
 
 if __name__ == "__main__":
-    for label, overlap, rule in (("plain loop", False, True),
-                                 ("overlapped, with the rule", True, True),
-                                 ("overlapped, without the rule", True, False)):
+    for q_buffers in (1, 2):
         for early_q in (False, True):
-            deadlocks = count_deadlocks(3000, overlap, rule, early_q=early_q)
-            print(f"{label}{', early Q' if early_q else ''}: {deadlocks} deadlocks in 3000 "
-                  "schedules")
+            deadlocks = count_deadlocks(3000, early_q=early_q, q_buffers=q_buffers)
+            print(f"{q_buffers} Q buffer(s), Q {'before' if early_q else 'after'} the first K: "
+                  f"{deadlocks} deadlocks in 3000 schedules")
+    deadlocks = count_deadlocks(3000, q_buffers=1, stage_o=True)
+    print(f"O staged with one Q buffer (what kCanStageO forbids): {deadlocks} deadlocks in 3000 "
+          "schedules")
     sys.exit(0)

@@ -35,18 +35,11 @@ struct ForwardTile {
   // S GEMM before it finds its masked-block bounds (~600-750 cycles), which then run under the
   // GEMM (the tile timeline of benchmarks/NOTES.md, stop 19).
   bool lean_tile_start = false;
-  // The next tile's first S GEMM under this tile's epilogue: the last P V goes out unwaited, the
-  // next tile is opened and its first S GEMM issued, then the P V is waited for and the epilogue
-  // runs while the S GEMM is in flight (forward_consumer.cuh; the block protocol's model,
-  // tests/emulation/hopper_forward_pipeline.py, checks its deadlock rule). Needs
-  // lean_tile_start. Tuning entries only: stop 29 measured it slower (benchmarks/NOTES.md).
-  bool overlap_next_tile = false;
   // The tile's Q goes out before its first K. With two Q buffers the next tile's buffer is
   // free long before a K stage is (its last user is the tile before), and the tile timeline of
   // stop 30 has the Q copy taking ~2k cycles to land, issued only once the first K's stage had
   // freed, ~0.7k cycles before the current tile's last turn: the plain loop waits ~0.2k cycles
-  // for it after its epilogue, the overlapped boundary (which needs it before its last P V
-  // lands) ~1.9k. Tuning entries only until measured.
+  // for it after its epilogue. Tuning entries only until measured.
   bool early_q = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
@@ -80,32 +73,27 @@ struct ForwardTile {
 // SAMATTN_HOPPER_TILE=<index> picks any compiled entry at run time, so one benchmark run
 // measures them side by side (forward_dispatch.cpp).
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
-// + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] entry 2 with the
-// overlapped boundary (ForwardTile::overlap_next_tile) and early_q (below; until stop 29 entry 0
-// without the lean start; entry 0 itself spilled in its key loop with the overlap); [2] two
-// consumer warpgroups (128 x 128 tiles) with a lean tile start, which short causal problems run.
-// Until stop 24 the default was the last entry and entry 0 the two-warpgroup tile with FMA-pipe
-// exponentials and serialized wgmmas, which no tuning run had measured since stop 20 (the
-// benchmarks and variant tests take entries 1, 2 and 3); [3] entry 2 with ForwardTile::early_q.
-// (Stop 30 measured a lean mask as entry 3, masked blocks taking the fused FFMA: 0.98-1.00x at head
-// dims 64 and 128 and on issue 6's masks; removed.) Head dim 128: [0] 2 stages of 128 x 128 K and
-// V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop
-// 20's first run); [1] the same with the overlapped boundary and early_q (until stop 29 the same
-// without the lean start, the default until stop 20); [2] 3 stages of 128 x 128 K and V with one Q
-// buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third stage of K alone, with
-// two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the kv_stride = 4 case in
-// stop 19: the tile timeline showed that K lands in time.) [3] entry 0 with ForwardTile::early_q.
-// Producer registers: 40 (consumers 232) where the consumers fit that without spilling, else 24
-// (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24 the
-// published work unit and the tile walk no longer fit); 32 with three consumer warpgroups.
-inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true},
-                                           {2, 128, 3, 2, 40, true, true, true},
-                                           {2, 128, 3, 2, 40, true},
-                                           {2, 128, 3, 2, 40, true, false, true}};
-inline constexpr ForwardTile kTiles128[] = {{2, 128, 2, 2, 40, true},
-                                            {2, 128, 2, 2, 40, true, true, true},
-                                            {2, 128, 3, 1, 40},
-                                            {2, 128, 2, 2, 40, true, false, true}};
+// + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] two consumer
+// warpgroups (128 x 128 tiles) with a lean tile start, which short causal problems run; [2] entry
+// 1 with ForwardTile::early_q. Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a
+// lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run);
+// [1] 3 stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against
+// TMA latency. (A third stage of K alone, with two Q buffers, measured 0.99-1.00x the default at
+// S <= 2k and slower on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands
+// in time.) [2] entry 0 with ForwardTile::early_q. Producer registers: 40 (consumers 232) where
+// the consumers fit that without spilling, else 24 (consumers 240), where ptxas spills a few
+// bytes in the producer's single TMA thread (under 24 the published work unit and the tile walk
+// no longer fit); 32 with three consumer warpgroups.
+// Measured and removed (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64
+// with FMA-pipe exponentials (its registers serialised its wgmmas), the tiles without a lean
+// start, an overlapped tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x
+// the default in three runs; at 2 stages the next tile's first K lands after the last P V it
+// should hide behind; commit 7aaaa7a has it) and a lean mask (masked blocks through the fused
+// FFMA: 0.98-1.02x).
+inline constexpr ForwardTile kTiles64[] = {
+    {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, true}};
+inline constexpr ForwardTile kTiles128[] = {
+    {2, 128, 2, 2, 40, true}, {2, 128, 3, 1, 40}, {2, 128, 2, 2, 40, true, true}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,
@@ -117,12 +105,12 @@ inline constexpr int kDefaultTile64 = 0;
 inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile256 = 0;
 
-// Head dim 64, causal, at most 1024 queries and kept keys: the two-warpgroup tile (entry 2).
+// Head dim 64, causal, at most 1024 queries and kept keys: the two-warpgroup tile (entry 1).
 // Measured side by side (H200, bf16, commit 6d99e5d, H = 16, B * S = 16k): causal S = 512 186.4
 // against 176.8 TFLOPS for the default, 1k 264.3 against 252.5; causal 2k 333.8 against 341.7
 // and non-causal 1k 387.7 against 405.4, where the default stays. Its 128-row tiles cover less
 // of the diagonal than 192-row ones, which counts where tiles walk only a few key blocks.
-inline constexpr int kShortCausalTile64 = 2;
+inline constexpr int kShortCausalTile64 = 1;
 inline constexpr int64_t kShortCausalMaxSeqlen64 = 1024;
 
 constexpr int tile_variants(int64_t head_dim) {

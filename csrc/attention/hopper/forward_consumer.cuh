@@ -55,8 +55,6 @@ __device__ __forceinline__ void consumer_loop(
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
-  constexpr bool kOverlapNextTile = Traits::kTile.overlap_next_tile;
-  static_assert(!kOverlapNextTile || kLeanTileStart, "the overlap finds the bounds under the GEMM");
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -204,7 +202,7 @@ __device__ __forceinline__ void consumer_loop(
   // complete the phase the stage is in, and it keeps every turn of the tile (one per block after
   // the first), so the turns of all warpgroups stay in step. Then, if it sees any block, it waits
   // for the first one's K and issues the tile's first S GEMM.
-  auto pass_on_skipped_blocks = [&](const TileState& t) {
+  auto start_tile = [&](TileState& t) {
     const int idle_turns = t.tile_blocks - max(t.own_blocks, 1);
     for (int skipped = 0; skipped < t.tile_blocks - t.own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);
@@ -217,17 +215,10 @@ __device__ __forceinline__ void consumer_loop(
         turn.pass();
       }
     }
-  };
-  // The highest of tile t's own blocks: its key block, and its K landed.
-  auto wait_first_k = [&](TileState& t) {
-    t.key_block = next_key_block(t, t.own_end_block);
-    pipeline_k.consumer_wait(state);
-    trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
-  };
-  auto start_tile = [&](TileState& t) {
-    pass_on_skipped_blocks(t);
     if (t.own_blocks > 0) {
-      wait_first_k(t);
+      t.key_block = next_key_block(t, t.own_end_block);
+      pipeline_k.consumer_wait(state);
+      trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
       Tensor tSrQ_tile = tSrQ(_, _, _, t.q_buffer);
       warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
           mma_s, tSrQ_tile, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
@@ -393,22 +384,16 @@ __device__ __forceinline__ void consumer_loop(
 
   typename Traits::PipelineState v_state = state;  // the stage of the last P V issued
 
-  // Tile t's last P V stage released (when it has own blocks), then its epilogue. Without own
-  // blocks the output is zeros and lse = -inf (with kOverlapNextTile the output's registers
-  // hold a discarded P V here; without, run_tile cleared them: clearing them here instead made
-  // ptxas spill 224 bytes at head dim 64's default tile, against 16).
+  // Tile t's last P V stage released (when it has own blocks), then its epilogue.
   auto finish_tile = [&](const TileState& t) {
     if (t.own_blocks > 0) {
       pipeline_v.consumer_release(v_state);
       trace(TraceEvent::kLastPVLanded, t.iteration, 0);
-    } else if constexpr (kOverlapNextTile) {
-      clear(tOrO);
     }
     epilogue(t);
   };
 
-  // Tile t from its first S GEMM (issued and waited for by start_tile) to its last P V (with
-  // kOverlapNextTile: to its last softmax; the tile loop issues that P V).
+  // Tile t from its first S GEMM (issued and waited for by start_tile) to its last P V.
   auto run_tile = [&](const TileState& t) {
     softmax.reset();
     auto& q_empty = shared.barrier_q_empty[t.q_buffer];
@@ -417,7 +402,7 @@ __device__ __forceinline__ void consumer_loop(
     if (own_blocks == 0) {  // no visible key: zeros and lse = -inf
       if (!stage_o) q_empty.arrive();
       release_stored_q_buffer();
-      if constexpr (!kOverlapNextTile) clear(tOrO);
+      clear(tOrO);
       return;
     }
     // The first (last in key order) block: S, softmax, P; no output yet. n_block counts the
@@ -471,70 +456,23 @@ __device__ __forceinline__ void consumer_loop(
       trace(TraceEvent::kIterationDone, t.iteration, n_block);
       state = following;
     }
-    if constexpr (!kOverlapNextTile) {
-      pipeline_v.consumer_wait(state);
-      // Waited for here: a wait in finish_tile made ptxas serialise every wgmma of the kernel.
-      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
-      v_state = state;
-      ++state;
-    }
+    pipeline_v.consumer_wait(state);
+    // Waited for here: a wait in finish_tile made ptxas serialise every wgmma of the kernel.
+    warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/true>(
+        mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/own_blocks == 1);
+    v_state = state;
+    ++state;
   };
 
   // ptxas serialised every wgmma of the kernel (warning C7515) when a group issued by one inlined
   // copy of its issuing code was waited for behind another (two call sites), and when a GEMM was
   // waited for in another function than the one that issued it: one call site each for
   // open_tile, start_tile and run_tile, each GEMM waited for where it is issued.
-  if constexpr (kOverlapNextTile) {
-    // Every turn of this loop has the same two wgmma groups in flight, from one call site each:
-    // the tile in hand's last P V, then the next tile's first S GEMM; wait<1> is then right on
-    // every path (a wait whose depth depended on the path made ptxas serialise every wgmma of
-    // the kernel: stop 21). Where there is no such block (before the first tile, after a tile
-    // without own blocks, after the last tile) the GEMM is issued anyway on whatever its shared
-    // memory holds, and its result discarded: zero_init and finish_tile's clear overwrite it.
-    // The next tile starts after the epilogue instead (start_tile, as without the overlap) where
-    // this warpgroup passes on kStages or more of its blocks: the unwaited P V holds its V stage
-    // until finish_tile, and the producer, which loads K_j after V_{j-1}, refills that stage
-    // before any later K, so waiting for a K kStages blocks on would never end (rows past the
-    // sequence's end, varlen tiles).
-    TileState next{};
-    bool has_cur = false;
-    for (int iteration = 0;; ++iteration) {
-      const bool real_pv = has_cur && cur.own_blocks > 0;
-      if (real_pv) pipeline_v.consumer_wait(state);
-      warpgroup_gemm</*kAInRegisters=*/true, /*kWait=*/false>(
-          mma_o, tOrP, tOrVt(_, _, _, state.index()), tOrO, /*zero_init=*/cur.own_blocks == 1);
-      if (real_pv) {
-        v_state = state;
-        ++state;
-      }
-      const bool has_next = open_tile(iteration, next);
-      const bool early = has_next && next.tile_blocks - next.own_blocks < Traits::kStages;
-      if (early) pass_on_skipped_blocks(next);
-      const bool real_s = early && next.own_blocks > 0;
-      if (real_s) wait_first_k(next);
-      Tensor tSrQ_next = tSrQ(_, _, _, next.q_buffer);
-      warpgroup_gemm</*kAInRegisters=*/false, /*kWait=*/false>(
-          mma_s, tSrQ_next, tSrK(_, _, _, state.index()), tSrS, /*zero_init=*/true);
-      if (real_s) find_masked_blocks(next);
-      warpgroup_wait<1>();  // the P V (wgmma groups complete in order)
-      finish_operands(tOrO, tOrP);
-      if (has_cur) finish_tile(cur);
-      warpgroup_wait<0>();  // the S GEMM
-      finish_operands(tSrS);
-      if (!has_next) break;
-      if (!early) start_tile(next);
-      cur = next;
-      has_cur = true;
-      run_tile(cur);
-    }
-  } else {
-    for (int iteration = 0;; ++iteration) {
-      if (!open_tile(iteration, cur)) break;
-      start_tile(cur);
-      run_tile(cur);
-      finish_tile(cur);
-    }
+  for (int iteration = 0;; ++iteration) {
+    if (!open_tile(iteration, cur)) break;
+    start_tile(cur);
+    run_tile(cur);
+    finish_tile(cur);
   }
   // The copy engine must have read the last staged tile before the block's shared memory goes.
   if (stored_q_buffer >= 0 && stores_o) tma_store_wait<0>();
