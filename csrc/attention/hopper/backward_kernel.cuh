@@ -111,14 +111,20 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
-// runs).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_>
+// runs). kLeanStep (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=lean_step, until measured): each
+// role walks the steps' (query head, query block) with a cursor instead of a 64-bit division and
+// remainder per step, a step without masking skips the mask bounds and the per-element mask
+// test, and dS^T goes to shared memory by stmatrix (ncu at (4, 16, 4096, 128), stop 30: the
+// division 4.8% of the kernel's stall samples, the mask bounds and tests ~5% on steps that never
+// mask, the dS^T stores 4.4%).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kLeanStep_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
+  static constexpr bool kLeanStep = kLeanStep_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -292,6 +298,20 @@ struct BlockWork {
   __device__ __forceinline__ int64_t m_block(int64_t step) const {
     return m_first + step % per_head;
   }
+  // Steps in order: head() and m_block() of step 0, 1, ... without dividing (Traits::kLeanStep).
+  // 32-bit (heads and query blocks fit): the producer and statistics warps run on 24 registers.
+  struct Cursor {
+    int32_t h, m_block;
+    __device__ __forceinline__ void next(const BlockWork& work) {
+      if (++m_block == static_cast<int32_t>(work.m_first + work.per_head)) {
+        m_block = static_cast<int32_t>(work.m_first);
+        ++h;
+      }
+    }
+  };
+  __device__ __forceinline__ Cursor first_step(const detail::BackwardKernelParams& p) const {
+    return {static_cast<int32_t>(h_kv * p.fwd.group_size), static_cast<int32_t>(m_first)};
+  }
 };
 
 // The TMA thread: K and V once, then Q and dO of every step.
@@ -325,12 +345,14 @@ __device__ __forceinline__ void load_tiles(const KernelParams<T>& params,
   copy(params.tma_v.with(kv_barrier, 0), tVgV, tVsV);
 
   const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
+  auto cursor = work.first_step(params.p);
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
     shared.empty[stage].wait(phase ^ 1u);  // a fresh barrier's "previous phase" counts as done
-    const int64_t h = work.head(params.p, step);
-    const int m_block = static_cast<int>(work.m_block(step));
+    const int64_t h = T::kLeanStep ? int64_t{cursor.h} : work.head(params.p, step);
+    const int m_block = T::kLeanStep ? cursor.m_block : static_cast<int>(work.m_block(step));
+    if constexpr (T::kLeanStep) cursor.next(work);
     Tensor gQ = local_tile(mQ(_, _, h, work.b), q_tile, make_coord(m_block, _0{}));
     Tensor gdO = local_tile(mdO(_, _, h, work.b), q_tile, make_coord(m_block, _0{}));
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
@@ -354,12 +376,15 @@ __device__ __forceinline__ void load_row_statistics(const detail::BackwardKernel
   const detail::ForwardKernelParams& f = p.fwd;
   const float* lse_all = static_cast<const float*>(f.lse);
   const float* delta_all = static_cast<const float*>(p.delta);
+  auto cursor = work.first_step(p);
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
     shared.empty[stage].wait(phase ^ 1u);
-    const int64_t h = work.head(p, step);
-    const int64_t m_begin = work.m_block(step) * T::kBlockM;
+    const int64_t h = T::kLeanStep ? int64_t{cursor.h} : work.head(p, step);
+    const int64_t m_begin =
+        (T::kLeanStep ? int64_t{cursor.m_block} : work.m_block(step)) * T::kBlockM;
+    if constexpr (T::kLeanStep) cursor.next(work);
     const float* lse = lse_all + work.b * f.lse_batch_stride + h * f.lse_head_stride;
     const float* delta = delta_all + (work.b * f.heads_q + h) * f.seqlen_q;
     for (int r = lane; r < T::kBlockM; r += BackwardConfig::kStatsThreads) {
@@ -451,6 +476,12 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M, kBlockN/16, buffer)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
   Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
+  // kLeanStep: dS^T leaves through stmatrix, one instruction per four 8 x 8 blocks, instead of
+  // 32-bit stores whose swizzled 64-bit addresses are rebuilt every step (ncu, stop 30: 105
+  // instructions per warp and step, 4.4% of the stall samples).
+  auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto thread_ds_store = ds_store.get_thread_slice(tid);
+  Tensor tDSsdSt = thread_ds_store.partition_D(sdSt);  // (CPY, CPY_M, CPY_N, buffer)
 
   const auto sdp_tile = Shape<typename T::BlockN, typename T::BlockM>{};
   const auto dkv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
@@ -505,12 +536,14 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   }
   int64_t pending_dq_chunk = 0;  // kDeferDq: the chunk of the previous step's dQ
 
+  auto cursor = work.first_step(p);
   for (int64_t step = 0; step < work.steps; ++step) {
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
     const int buffer = static_cast<int>(step % T::kDsBuffers);
-    const int64_t h = work.head(p, step);
-    const int64_t m_begin = work.m_block(step) * kBlockM;
+    const int64_t h = T::kLeanStep ? int64_t{cursor.h} : work.head(p, step);
+    const int64_t m_begin = (T::kLeanStep ? int64_t{cursor.m_block} : work.m_block(step)) * kBlockM;
+    if constexpr (T::kLeanStep) cursor.next(work);
     // kAlternateDq: warpgroup 1 computes the dQ of even steps, warpgroup 0 that of odd ones, each
     // after the other has arrived at the step's barrier (one per step parity: a warpgroup may
     // arrive for step + 1 before the other has passed the barrier of step). kDeferDq: both
@@ -542,25 +575,35 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     // or the causal diagonal need the test.
     const bool needs_mask =
         key_begin + 64 > f.kept_keys || (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
-    int first_visible[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int64_t key = work.n_begin + local_key[r];
-      const int64_t first = key >= f.kept_keys ? kBlockM
-                            : f.causal         ? key * f.kv_stride - m_begin
-                                               : 0;
-      first_visible[r] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
+    int first_visible[2] = {0, 0};
+    if (!T::kLeanStep || needs_mask) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int64_t key = work.n_begin + local_key[r];
+        const int64_t first = key >= f.kept_keys ? kBlockM
+                              : f.causal         ? key * f.kv_stride - m_begin
+                                                 : 0;
+        first_visible[r] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
+      }
     }
 
     warpgroup_wait<1>();  // S^T has landed (wgmma groups complete in order)
     warpgroup_fence_operand(tSrS);
     const float* lse_log2 = shared.lse_log2[stage];
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) {
-      const int col = get<1>(tScS(i));
-      float x = tSrS(i) * scale_log2 - lse_log2[col];
-      if (needs_mask && col < first_visible[(i / 2) % 2]) x = -INFINITY;
-      tSrS(i) = fast_exp2(x);
+    // P^T, masked where needs_mask (kLeanStep: the test only on the steps that need it).
+    auto exponentials = [&](bool masked) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        const int col = get<1>(tScS(i));
+        float x = tSrS(i) * scale_log2 - lse_log2[col];
+        if (masked && col < first_visible[(i / 2) % 2]) x = -INFINITY;
+        tSrS(i) = fast_exp2(x);
+      }
+    };
+    if (T::kLeanStep && !needs_mask) {
+      exponentials(false);
+    } else {
+      exponentials(needs_mask);
     }
     warpgroup_wait<0>();  // dP^T has landed
     warpgroup_fence_operand(tSrdP);
@@ -574,13 +617,19 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     convert_pairs<Element>(tSrS, tdVrP);
     convert_pairs<Element>(tSrdP, tdKrdS);
     if (accumulate_dq) {
-      // dS^T into the buffer: each pair of adjacent queries is one 32-bit store (queries are
-      // contiguous in the dS layout).
-      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(raw_pointer_cast(tdKrdS.data()));
-      Tensor dst = tSsdS(_, _, _, buffer);
-      CUTE_UNROLL
-      for (int i = 0; i < size(dst) / 2; ++i) {
-        *reinterpret_cast<uint32_t*>(raw_pointer_cast(&dst(2 * i))) = pairs[i];
+      if constexpr (T::kLeanStep) {
+        // The 16-bit dS^T in the accumulator's layout (convert_pairs kept the element order).
+        Tensor tSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());
+        copy(ds_store, thread_ds_store.retile_S(tSrdS), tDSsdSt(_, _, _, buffer));
+      } else {
+        // dS^T into the buffer: each pair of adjacent queries is one 32-bit store (queries are
+        // contiguous in the dS layout).
+        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(raw_pointer_cast(tdKrdS.data()));
+        Tensor dst = tSsdS(_, _, _, buffer);
+        CUTE_UNROLL
+        for (int i = 0; i < size(dst) / 2; ++i) {
+          *reinterpret_cast<uint32_t*>(raw_pointer_cast(&dst(2 * i))) = pairs[i];
+        }
       }
     }
     issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage),
