@@ -36,10 +36,11 @@ struct ForwardTile {
   // GEMM (the tile timeline of benchmarks/NOTES.md, stop 19).
   bool lean_tile_start = false;
   // The tile's Q goes out before its first K. With two Q buffers the next tile's buffer is
-  // free long before a K stage is (its last user is the tile before), and the tile timeline of
-  // stop 30 has the Q copy taking ~2k cycles to land, issued only once the first K's stage had
-  // freed, ~0.7k cycles before the current tile's last turn: the plain loop waits ~0.2k cycles
-  // for it after its epilogue. Tuning entries only until measured.
+  // free long before a K stage is (its last user is the tile before); the tile timeline of stop
+  // 30 has the Q copy issued only once the first K's stage had freed, ~0.7k cycles before the
+  // current tile's last turn, and landing ~2.5k cycles later, after the epilogue. One process
+  // (stop 30): +1-4.5% at head dim 128 S <= 2k, 0.975x on kv_stride 4, nothing at head dim 64;
+  // a tuning entry until an A/B across processes confirms it.
   bool early_q = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
