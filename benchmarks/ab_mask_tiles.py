@@ -11,33 +11,21 @@ density f (issue #6's <= 1.2 target) and tile/default.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 
 import torch
 
-import samattn
 from samattn.bench.masks import (MaskCase, _samattn_call, cases, mask_statistics,
                                  reference_rows, relative_error, _MAX_REL_ERROR)
 from samattn.bench.report import environment
-from samattn.bench.timing import measure_interleaved
+from samattn.bench.timing import environment_variable, measure_interleaved
 
 HEADS, HEAD_DIM, SEQLEN = 16, 128, 16384
 
 
-@contextlib.contextmanager
 def tile(value: str):
-    previous = os.environ.pop("SAMATTN_HOPPER_TILE", None)
-    if value:
-        os.environ["SAMATTN_HOPPER_TILE"] = value
-    try:
-        yield
-    finally:
-        os.environ.pop("SAMATTN_HOPPER_TILE", None)
-        if previous is not None:
-            os.environ["SAMATTN_HOPPER_TILE"] = previous
+    return environment_variable("SAMATTN_HOPPER_TILE", value)
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,6 @@ causal.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -22,22 +21,13 @@ import torch
 
 import samattn
 from samattn.bench.masks import varlen_lengths
-from samattn.bench.timing import measure_interleaved
+from samattn.bench.timing import environment_variable, measure_interleaved
 
 TOTAL, HEADS, HEAD_DIM = 16384, 16, 128
 
 
-@contextlib.contextmanager
 def ablation(value):
-    previous = os.environ.get("SAMATTN_HOPPER_ABLATION")
-    if value:
-        os.environ["SAMATTN_HOPPER_ABLATION"] = value
-    try:
-        yield
-    finally:
-        os.environ.pop("SAMATTN_HOPPER_ABLATION", None)
-        if previous is not None:
-            os.environ["SAMATTN_HOPPER_ABLATION"] = previous
+    return environment_variable("SAMATTN_HOPPER_ABLATION", value)
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,14 @@
-"""The benchmark timing helpers: pooling rounds, and interleaving methods across rounds."""
+"""The benchmark timing helpers: pooling rounds, interleaving methods across rounds, and a
+tuning variable set for one method's measurements."""
 
 import contextlib
+import os
 
 import pytest
 import torch
 
 from helpers import requires_cuda
-from samattn.bench.timing import Timing, measure_interleaved, pooled
+from samattn.bench.timing import Timing, environment_variable, measure_interleaved, pooled
 
 
 def test_pooled_takes_the_median_min_and_max_of_every_sample():
@@ -15,6 +17,23 @@ def test_pooled_takes_the_median_min_and_max_of_every_sample():
     both = pooled([first, second])
     assert (both.median_ms, both.min_ms, both.max_ms, both.reps) == (3.0, 1.0, 6.0, 5)
     assert both.samples == (1.0, 2.0, 3.0, 6.0, 4.0)
+
+
+def test_environment_variable_sets_or_unsets_and_restores(monkeypatch):
+    name = "SAMATTN_TEST_TUNING_VARIABLE"
+    monkeypatch.setenv(name, "outer")
+    with environment_variable(name, ""):  # empty: the library's default, unset
+        assert name not in os.environ
+    assert os.environ[name] == "outer"
+    with environment_variable(name, "3"):
+        assert os.environ[name] == "3"
+    assert os.environ[name] == "outer"
+    monkeypatch.delenv(name)
+    with pytest.raises(RuntimeError):
+        with environment_variable(name, "1"):
+            assert os.environ[name] == "1"
+            raise RuntimeError("a failed measurement")
+    assert name not in os.environ
 
 
 def test_pooled_refuses_timings_without_samples():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -73,6 +75,23 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
     torch.cuda.synchronize()
     times = [before.elapsed_time(after) for before, after in events]
     return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times))
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: str):
+    """`name` set to `value` for a with block (empty: unset, the library's default), its previous
+    value restored after: the library reads its tuning variables (SAMATTN_HOPPER_TILE,
+    SAMATTN_HOPPER_ABLATION) on every call, so one process can time several settings
+    (measure_interleaved's `around`)."""
+    previous = os.environ.pop(name, None)
+    if value:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if previous is not None:
+            os.environ[name] = previous
 
 
 def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
