@@ -111,20 +111,14 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
-// runs). kLeanStep (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=lean_step, until measured): each
-// role walks the steps' (query head, query block) with a cursor instead of a 64-bit division and
-// remainder per step, a step without masking skips the mask bounds and the per-element mask
-// test, and dS^T goes to shared memory by stmatrix (ncu at (4, 16, 4096, 128), stop 30: the
-// division 4.8% of the kernel's stall samples, the mask bounds and tests ~5% on steps that never
-// mask, the dS^T stores 4.4%).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kLeanStep_ = false>
+// runs).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
-  static constexpr bool kLeanStep = kLeanStep_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -291,15 +285,10 @@ struct BlockWork {
     per_head = m_blocks - m_first;
     steps = f.group_size * per_head;
   }
-  __device__ __forceinline__ int64_t head(const detail::BackwardKernelParams& p,
-                                          int64_t step) const {
-    return h_kv * p.fwd.group_size + step / per_head;
-  }
-  __device__ __forceinline__ int64_t m_block(int64_t step) const {
-    return m_first + step % per_head;
-  }
-  // Steps in order: head() and m_block() of step 0, 1, ... without dividing (Traits::kLeanStep).
-  // 32-bit (heads and query blocks fit): the producer and statistics warps run on 24 registers.
+  // The steps' (query head, query block) in order: step s is head h_kv * group_size +
+  // s / per_head, query block m_first + s % per_head, walked by a cursor rather than a 64-bit
+  // division per step (4.8% of the stall samples under ncu, stop 30). 32-bit, as TMA's
+  // coordinates are: the producer and statistics warps run on 24 registers.
   struct Cursor {
     int32_t h, m_block;
     __device__ __forceinline__ void next(const BlockWork& work) {
@@ -350,9 +339,9 @@ __device__ __forceinline__ void load_tiles(const KernelParams<T>& params,
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
     shared.empty[stage].wait(phase ^ 1u);  // a fresh barrier's "previous phase" counts as done
-    const int64_t h = T::kLeanStep ? int64_t{cursor.h} : work.head(params.p, step);
-    const int m_block = T::kLeanStep ? cursor.m_block : static_cast<int>(work.m_block(step));
-    if constexpr (T::kLeanStep) cursor.next(work);
+    const int64_t h = cursor.h;
+    const int m_block = cursor.m_block;
+    cursor.next(work);
     Tensor gQ = local_tile(mQ(_, _, h, work.b), q_tile, make_coord(m_block, _0{}));
     Tensor gdO = local_tile(mdO(_, _, h, work.b), q_tile, make_coord(m_block, _0{}));
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
@@ -381,10 +370,9 @@ __device__ __forceinline__ void load_row_statistics(const detail::BackwardKernel
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
     shared.empty[stage].wait(phase ^ 1u);
-    const int64_t h = T::kLeanStep ? int64_t{cursor.h} : work.head(p, step);
-    const int64_t m_begin =
-        (T::kLeanStep ? int64_t{cursor.m_block} : work.m_block(step)) * T::kBlockM;
-    if constexpr (T::kLeanStep) cursor.next(work);
+    const int64_t h = cursor.h;
+    const int64_t m_begin = int64_t{cursor.m_block} * T::kBlockM;
+    cursor.next(work);
     const float* lse = lse_all + work.b * f.lse_batch_stride + h * f.lse_head_stride;
     const float* delta = delta_all + (work.b * f.heads_q + h) * f.seqlen_q;
     for (int r = lane; r < T::kBlockM; r += BackwardConfig::kStatsThreads) {
@@ -475,10 +463,9 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M, kBlockN/16, buffer)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
-  Tensor tSsdS = thr_sdp.partition_C(sdSt);            // (MMA, 1, 1, buffer): where dS^T goes
-  // kLeanStep: dS^T leaves through stmatrix, one instruction per four 8 x 8 blocks, instead of
-  // 32-bit stores whose swizzled 64-bit addresses are rebuilt every step (ncu, stop 30: 105
-  // instructions per warp and step, 4.4% of the stall samples).
+  // dS^T leaves through stmatrix, one instruction per four 8 x 8 blocks (32-bit stores with
+  // swizzled 64-bit addresses rebuilt every step were 105 instructions per warp and step and
+  // 4.4% of the stall samples under ncu, stop 30).
   auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thread_ds_store = ds_store.get_thread_slice(tid);
   Tensor tDSsdSt = thread_ds_store.partition_D(sdSt);  // (CPY, CPY_M, CPY_N, buffer)
@@ -541,9 +528,9 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     const int stage = static_cast<int>(step % T::kStages);
     const uint32_t phase = static_cast<uint32_t>(step / T::kStages) & 1u;
     const int buffer = static_cast<int>(step % T::kDsBuffers);
-    const int64_t h = T::kLeanStep ? int64_t{cursor.h} : work.head(p, step);
-    const int64_t m_begin = (T::kLeanStep ? int64_t{cursor.m_block} : work.m_block(step)) * kBlockM;
-    if constexpr (T::kLeanStep) cursor.next(work);
+    const int64_t h = cursor.h;
+    const int64_t m_begin = int64_t{cursor.m_block} * kBlockM;
+    cursor.next(work);
     // kAlternateDq: warpgroup 1 computes the dQ of even steps, warpgroup 0 that of odd ones, each
     // after the other has arrived at the step's barrier (one per step parity: a warpgroup may
     // arrive for step + 1 before the other has passed the barrier of step). kDeferDq: both
@@ -576,7 +563,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     const bool needs_mask =
         key_begin + 64 > f.kept_keys || (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
     int first_visible[2] = {0, 0};
-    if (!T::kLeanStep || needs_mask) {
+    if (needs_mask) {
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int64_t key = work.n_begin + local_key[r];
@@ -590,7 +577,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     warpgroup_wait<1>();  // S^T has landed (wgmma groups complete in order)
     warpgroup_fence_operand(tSrS);
     const float* lse_log2 = shared.lse_log2[stage];
-    // P^T, masked where needs_mask (kLeanStep: the test only on the steps that need it).
+    // P^T; the per-element mask test only on the steps that need it (one copy of the loop each).
     auto exponentials = [&](bool masked) {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
@@ -600,10 +587,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         tSrS(i) = fast_exp2(x);
       }
     };
-    if (T::kLeanStep && !needs_mask) {
-      exponentials(false);
+    if (needs_mask) {
+      exponentials(true);
     } else {
-      exponentials(needs_mask);
+      exponentials(false);
     }
     warpgroup_wait<0>();  // dP^T has landed
     warpgroup_fence_operand(tSrdP);
@@ -617,20 +604,9 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     convert_pairs<Element>(tSrS, tdVrP);
     convert_pairs<Element>(tSrdP, tdKrdS);
     if (accumulate_dq) {
-      if constexpr (T::kLeanStep) {
-        // The 16-bit dS^T in the accumulator's layout (convert_pairs kept the element order).
-        Tensor tSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());
-        copy(ds_store, thread_ds_store.retile_S(tSrdS), tDSsdSt(_, _, _, buffer));
-      } else {
-        // dS^T into the buffer: each pair of adjacent queries is one 32-bit store (queries are
-        // contiguous in the dS layout).
-        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(raw_pointer_cast(tdKrdS.data()));
-        Tensor dst = tSsdS(_, _, _, buffer);
-        CUTE_UNROLL
-        for (int i = 0; i < size(dst) / 2; ++i) {
-          *reinterpret_cast<uint32_t*>(raw_pointer_cast(&dst(2 * i))) = pairs[i];
-        }
-      }
+      // The 16-bit dS^T in the accumulator's layout (convert_pairs kept the element order).
+      Tensor tSrdS = make_tensor(tdKrdS.data(), tSrdP.layout());
+      copy(ds_store, thread_ds_store.retile_S(tSrdS), tDSsdSt(_, _, _, buffer));
     }
     issue_gemm</*kZeroInit=*/false, /*kAInRegisters=*/true>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage),
                                                             tdVrdV);
