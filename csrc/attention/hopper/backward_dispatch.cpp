@@ -109,9 +109,10 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
   const char* value = std::getenv("SAMATTN_HOPPER_BWD_VARIANT");
   const std::string text = value == nullptr ? "" : value;
   if (text.empty() || text == "default") return BackwardVariant::kDefault;
-  SAMATTN_CHECK(text == "split_dq" || text == "alternate_dq",
-                "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, split_dq or alternate_dq; got '",
-                text, "'");
+  SAMATTN_CHECK(
+      text == "split_dq" || text == "alternate_dq",
+      "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, split_dq or alternate_dq; got '", text,
+      "'");
 #ifndef SAMATTN_HOPPER_TUNING
   SAMATTN_CHECK(false, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has only "
