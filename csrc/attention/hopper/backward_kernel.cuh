@@ -111,20 +111,14 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
-// runs). kEarlyStats (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=early_stats, until measured):
-// a step's lse and D go from shared memory to registers while its S^T and dP^T GEMMs run, not
-// after their waits (ncu at (4, 16, 4096, 128), stop 30: the softmax waited on those loads for
-// 6.0% of the kernel's stall samples, short_sb behind the wgmma wait).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kEarlyStats_ = false>
+// runs).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
-  // At 128 query rows (head dim 64) a thread's 32 columns of lse spilled inside the loop
-  // (ptxas, stop 31): there the variant is the default kernel, its column a null-change control.
-  static constexpr bool kEarlyStats = kEarlyStats_ && kBlockM == 64;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -580,36 +574,15 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
       }
     }
 
-    const float* lse_log2 = shared.lse_log2[stage];
-    const float* delta = shared.delta[stage];
-    // kEarlyStats: each column's lse loaded before the S^T wait and its D before the softmax, so
-    // that neither load sits behind a wgmma wait (both before the S^T wait spilled at D = 64).
-    // Elements i and i ^ 2 share a column (they differ in the row half, bit 1 of i), so only the
-    // slots with bit 1 clear are filled and read.
-    float lse_of[size(tSrS)];
-    float delta_of[size(tSrS)];
-    auto load_columns = [&](const float* from, float* to) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        if ((i & 2) == 0) to[i] = from[get<1>(tScS(i))];
-      }
-    };
-    if constexpr (T::kEarlyStats) load_columns(lse_log2, lse_of);
-    auto lse_at = [&](int i) {
-      return T::kEarlyStats ? lse_of[i & ~2] : lse_log2[get<1>(tScS(i))];
-    };
-    auto delta_at = [&](int i) {
-      return T::kEarlyStats ? delta_of[i & ~2] : delta[get<1>(tScS(i))];
-    };
     warpgroup_wait<1>();  // S^T has landed (wgmma groups complete in order)
     warpgroup_fence_operand(tSrS);
-    if constexpr (T::kEarlyStats) load_columns(delta, delta_of);
+    const float* lse_log2 = shared.lse_log2[stage];
     // P^T; the per-element mask test only on the steps that need it (one copy of the loop each).
     auto exponentials = [&](bool masked) {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         const int col = get<1>(tScS(i));
-        float x = tSrS(i) * scale_log2 - lse_at(i);
+        float x = tSrS(i) * scale_log2 - lse_log2[col];
         if (masked && col < first_visible[(i / 2) % 2]) x = -INFINITY;
         tSrS(i) = fast_exp2(x);
       }
@@ -621,9 +594,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     }
     warpgroup_wait<0>();  // dP^T has landed
     warpgroup_fence_operand(tSrdP);
+    const float* delta = shared.delta[stage];
     CUTE_UNROLL
     for (int i = 0; i < size(tSrdP); ++i) {
-      tSrdP(i) = tSrS(i) * (tSrdP(i) - delta_at(i));
+      tSrdP(i) = tSrS(i) * (tSrdP(i) - delta[get<1>(tScS(i))]);
     }
     // Nothing is in flight here, so S^T and dP^T (64 fp32 registers) become the 16-bit P^T and
     // dS^T (16 registers) before the next GEMMs take registers.

@@ -128,12 +128,8 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
     if constexpr (kVariantBuilt) {
       // Deterministic calls compute no dQ here: both schedules are the same kernel then.
       const bool other_schedule = p.dq_accum != nullptr && variant != BackwardVariant::kDefault &&
-                                  variant != BackwardVariant::kEarlyStats &&
                                   (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
-      if (variant == BackwardVariant::kEarlyStats) {
-        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, kDefaultAlternates, true>>(
-            p, stream);
-      } else if (other_schedule) {
+      if (other_schedule) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, !kDefaultAlternates>>(p, stream);
       } else {
         bwd::launch_backward_kernel<DefaultTraits>(p, stream);
