@@ -111,14 +111,18 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
-// runs).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_>
+// runs). kTmaEpilogue (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=tma_epilogue, until
+// measured): dK and dV leave through shared memory by TMA store instead of 4-byte stores from
+// registers (ncu at (4, 16, 4096, 128), stop 30: the epilogue's 64 scalar stores of each per
+// thread were 4.1% of the stall samples there, with 64 steps per block; at S = 1k a block has 16).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kTmaEpilogue_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
+  static constexpr bool kTmaEpilogue = kTmaEpilogue_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -248,6 +252,30 @@ struct Traits {
       SmemLayout{}, Tile{}, cute::_1{}));
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<SmemLayoutKV, cute::Shape<BlockN, HeadDim>>;
+
+  // kTmaEpilogue: each consumer warp stages its 16 key rows of dV, then of dK, in the same rows
+  // of V's tile (a warpgroup's own 64 rows of V are read only by its own dP^T GEMMs, all done
+  // by then) and stores them by TMA. Rows 16 j .. 16 j + 15 of the tile have the layout of rows
+  // 0 .. 15 (the swizzle atoms stack along the rows first, and 16 rows are whole 1024-byte
+  // swizzle periods), so one descriptor serves every warp.
+  using StoreRows = cute::_16;
+  using SmemLayoutStore = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_layout(cute::Shape<StoreRows, HeadDim>{}, cute::Stride<cute::_1, BlockN>{})));
+  using TmaStore = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_STORE{},
+      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
+                        GmemStride{}),
+      SmemLayoutStore{}, cute::Shape<StoreRows, HeadDim>{}, cute::_1{}));
+};
+
+// The dK and dV store descriptors of a kTmaEpilogue kernel; nothing for the others.
+template <typename T, bool = T::kTmaEpilogue>
+struct GradientStores {};
+template <typename T>
+struct GradientStores<T, true> {
+  typename T::TmaStore dk;
+  typename T::TmaStore dv;
 };
 
 template <typename T>
@@ -259,6 +287,7 @@ struct KernelParams {
   typename T::TmaQ tma_dout;
   typename T::TmaKV tma_k;
   typename T::TmaKV tma_v;
+  GradientStores<T> stores;  // kTmaEpilogue: dK and dV, over the kept keys as k and v
 };
 
 // The block's work: its keys and the steps (query head, query block of kBlockM rows) that see them.
@@ -418,6 +447,53 @@ __device__ __forceinline__ void reduce_staged_dq(float* chunk, const float* stag
     bulk_reduce_add(chunk + T::dq_chunk_float(dq_thread, first),
                     staging + T::dq_staging_float(dq_thread, first), kDqWarpSlots * sizeof(float4));
   }
+}
+
+// kTmaEpilogue: dV, then dK times the softmax scale, of the warp's 16 key rows, each rounded to
+// the element type, staged by stmatrix in the warp's rows of V's tile and stored by one TMA copy
+// that the warp's first lane issues and waits to have read (before the rows are written again,
+// and before the block exits). Keys past kept_keys lie outside the descriptors' extent: the copy
+// engine skips them; logical key n is physical row n * kv_stride through the descriptors' row
+// stride.
+template <typename T, typename SmemTensor, typename Mma, typename Accumulator>
+__device__ __forceinline__ void store_gradients_by_tma(const KernelParams<T>& params,
+                                                       const SmemTensor& sV, const Mma& mma_dkv,
+                                                       const Accumulator& dk, const Accumulator& dv,
+                                                       float dk_scale,
+                                                       const BlockWork<T::kBlockM>& work, int tid) {
+  using namespace cute;
+  using Element = typename T::Element;
+  using RowsTile = Shape<typename T::StoreRows, typename T::HeadDim>;
+  auto stage_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
+  auto thread_stage = stage_copy.get_thread_slice(tid);
+  Tensor staged = thread_stage.partition_D(sV);
+  const int warp = tid / 32;  // consumer warp w holds key rows 16 w .. 16 w + 15 of the block
+  const bool issues = tid % 32 == 0;
+  Tensor warp_rows = local_tile(sV, RowsTile{}, make_coord(warp, _0{}));
+  auto store = [&](const auto& tma, const Accumulator& values, float scale) {
+    Tensor rounded = make_tensor_like<Element>(values);
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(rounded.data()));
+    CUTE_UNROLL
+    for (int i = 0; i < size(values); i += 2) {
+      pairs[i / 2] = pack_pair<Element>(values(i) * scale, values(i + 1) * scale);
+    }
+    copy(stage_copy, thread_stage.retile_S(rounded), staged);
+    cutlass::arch::fence_view_async_shared();  // the stores, before the copy engine reads them
+    __syncwarp();
+    if (issues) {
+      Tensor gradient = tma.get_tma_tensor(params.shape_k);
+      Tensor rows = local_tile(gradient(_, _, work.h_kv, work.b), RowsTile{},
+                               make_coord(work.n_begin / T::StoreRows::value + warp, _0{}));
+      auto parts = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(warp_rows),
+                                 group_modes<0, 2>(rows));
+      copy(tma, get<1>(parts), get<0>(parts));
+      tma_store_arrive();
+      tma_store_wait<0>();
+    }
+    __syncwarp();
+  };
+  store(params.stores.dv, dv, 1.f);
+  store(params.stores.dk, dk, dk_scale);
 }
 
 template <typename T>
@@ -693,36 +769,40 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     if (accumulate_dq && issues_dq) bulk_wait_all();
   }
 
-  // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
-  // n * kv_stride, and keys past kept_keys are never written. A thread's values lie in two key
-  // rows (row half (i / 2) % 2, as in S^T) at columns a constant away from its first, so each
-  // pair is stored through one of two row pointers at an immediate offset (computing the 64-bit
-  // address per pair took ~45 instructions a pair, ~1.5k per thread at head dim 128).
   const float scale = static_cast<float>(p.scale);
-  const int keys = static_cast<int>(min(int64_t{kBlockN}, f.kept_keys - work.n_begin));
-  const int first_col = get<1>(tdKVcdKV(0));
-  Element* dk_row_ptr[2];
-  Element* dv_row_ptr[2];
-  bool row_kept[2];
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const int64_t key = get<0>(tdKVcdKV(2 * r));
-    const int64_t row = (work.n_begin + key) * f.kv_stride;
-    row_kept[r] = key < keys;
-    dk_row_ptr[r] = static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride +
-                    work.h_kv * p.dk_head_stride + row * p.dk_row_stride + first_col;
-    dv_row_ptr[r] = static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride +
-                    work.h_kv * p.dv_head_stride + row * p.dv_row_stride + first_col;
-  }
-  CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {
-    const int r = (i / 2) % 2;
-    const int col = get<1>(tdKVcdKV(i)) - first_col;
-    if (row_kept[r]) {
-      *reinterpret_cast<uint32_t*>(dk_row_ptr[r] + col) =
-          pack_pair<Element>(tdKrdK(i) * scale, tdKrdK(i + 1) * scale);
-      *reinterpret_cast<uint32_t*>(dv_row_ptr[r] + col) =
-          pack_pair<Element>(tdVrdV(i), tdVrdV(i + 1));
+  if constexpr (T::kTmaEpilogue) {
+    store_gradients_by_tma(params, sV, mma_dkv, tdKrdK, tdVrdV, scale, work, tid);
+  } else {
+    // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
+    // n * kv_stride, and keys past kept_keys are never written. A thread's values lie in two key
+    // rows (row half (i / 2) % 2, as in S^T) at columns a constant away from its first, so each
+    // pair is stored through one of two row pointers at an immediate offset (computing the 64-bit
+    // address per pair took ~45 instructions a pair, ~1.5k per thread at head dim 128).
+    const int keys = static_cast<int>(min(int64_t{kBlockN}, f.kept_keys - work.n_begin));
+    const int first_col = get<1>(tdKVcdKV(0));
+    Element* dk_row_ptr[2];
+    Element* dv_row_ptr[2];
+    bool row_kept[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = get<0>(tdKVcdKV(2 * r));
+      const int64_t row = (work.n_begin + key) * f.kv_stride;
+      row_kept[r] = key < keys;
+      dk_row_ptr[r] = static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride +
+                      work.h_kv * p.dk_head_stride + row * p.dk_row_stride + first_col;
+      dv_row_ptr[r] = static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride +
+                      work.h_kv * p.dv_head_stride + row * p.dv_row_stride + first_col;
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {
+      const int r = (i / 2) % 2;
+      const int col = get<1>(tdKVcdKV(i)) - first_col;
+      if (row_kept[r]) {
+        *reinterpret_cast<uint32_t*>(dk_row_ptr[r] + col) =
+            pack_pair<Element>(tdKrdK(i) * scale, tdKrdK(i + 1) * scale);
+        *reinterpret_cast<uint32_t*>(dv_row_ptr[r] + col) =
+            pack_pair<Element>(tdVrdV(i), tdVrdV(i + 1));
+      }
     }
   }
   if constexpr (T::kDeferDq) {

@@ -29,12 +29,12 @@ struct CuteElement<DType::kBFloat16> {
   using type = cutlass::bfloat16_t;
 };
 
-// A (seqlen, head_dim, heads, batch) view of a tensor for its TMA descriptor. A dimension of
-// extent 1 is never stepped along, so its stride may be anything; TMA still wants every stride
-// 16-byte aligned, so such strides become head_dim elements (backward_supports() has checked
-// the others).
-template <typename Element>
-auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, int64_t batch,
+// A (seqlen, head_dim, heads, batch) view of a tensor for its TMA descriptor (Element const for
+// the loads). A dimension of extent 1 is never stepped along, so its stride may be anything; TMA
+// still wants every stride 16-byte aligned, so such strides become head_dim elements
+// (backward_supports() has checked the others).
+template <typename Element, typename Pointer>
+auto gmem_tensor(Pointer base, int64_t seqlen, int head_dim, int64_t heads, int64_t batch,
                  int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
   using namespace cute;
   const auto usable = [&](int64_t stride, int64_t extent) {
@@ -44,7 +44,7 @@ auto gmem_tensor(const void* base, int64_t seqlen, int head_dim, int64_t heads, 
                         static_cast<int32_t>(batch));
   const GmemStride stride(usable(row_stride, seqlen), _1{}, usable(head_stride, heads),
                           usable(batch_stride, batch));
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(base)), make_layout(shape, stride));
+  return make_tensor(make_gmem_ptr(static_cast<Element*>(base)), make_layout(shape, stride));
 }
 
 // Launches the dK/dV(/dQ) kernel of traits T (K / V / Q / dO descriptors, grid, shared memory).
@@ -59,20 +59,21 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
   SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
                 T::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
                 std::numeric_limits<int>::max(), " blocks");
-  auto k = gmem_tensor<Element>(f.k, f.kept_keys, kHeadDim, p.heads_kv, f.batch, f.k_row_stride,
-                                f.k_head_stride, f.k_batch_stride);
-  auto v = gmem_tensor<Element>(f.v, f.kept_keys, kHeadDim, p.heads_kv, f.batch, f.v_row_stride,
-                                f.v_head_stride, f.v_batch_stride);
+  auto k = gmem_tensor<const Element>(f.k, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                                      f.k_row_stride, f.k_head_stride, f.k_batch_stride);
+  auto v = gmem_tensor<const Element>(f.v, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                                      f.v_row_stride, f.v_head_stride, f.v_batch_stride);
   // With no query rows the kernel loads no Q / dO tile, and q / dout may be empty allocations
   // (null, or zero strides): their descriptors then describe k instead, valid and never read.
   const bool no_queries = f.seqlen_q == 0;
-  auto q = no_queries ? k
-                      : gmem_tensor<Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
-                                             f.q_row_stride, f.q_head_stride, f.q_batch_stride);
-  auto dout = no_queries
-                  ? k
-                  : gmem_tensor<Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
-                                         p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  auto q = no_queries
+               ? k
+               : gmem_tensor<const Element>(f.q, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
+                                            f.q_row_stride, f.q_head_stride, f.q_batch_stride);
+  auto dout =
+      no_queries ? k
+                 : gmem_tensor<const Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
+                                              p.do_row_stride, p.do_head_stride, p.do_batch_stride);
   const auto q_smem = take<0, 2>(typename T::SmemLayoutQ{});
   const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
   const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
@@ -85,6 +86,35 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
       make_tma_copy(SM90_TMA_LOAD{}, k, typename T::SmemLayoutKV{}, kv_tile, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename T::SmemLayoutKV{}, kv_tile, _1{}),
   };
+  if constexpr (T::kTmaEpilogue) {
+    // Kept key n of dK / dV is physical row n * kv_stride: the descriptors step kv_stride rows.
+    // TMA wants positive strides below 2^40 bytes; backward_supports() checked dk and dv for
+    // 16-byte multiples only (the default epilogue's stores).
+    const auto check = [&](const char* name, int64_t row, int64_t head, int64_t batch) {
+      const int64_t strides[] = {row * f.kv_stride, head, batch};
+      const int64_t extents[] = {f.kept_keys, p.heads_kv, f.batch};
+      for (int i = 0; i < 3; ++i) {
+        const int64_t bytes = strides[i] * static_cast<int64_t>(sizeof(Element));
+        SAMATTN_CHECK(extents[i] <= 1 || (bytes > 0 && bytes < (int64_t{1} << 40)),
+                      "SAMATTN_HOPPER_BWD_VARIANT=tma_epilogue stores ", name,
+                      " by TMA, which needs positive strides below 2^40 bytes; got stride ",
+                      strides[i], " elements");
+      }
+    };
+    check("dk", p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride);
+    check("dv", p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride);
+    const auto store_rows = Shape<typename T::StoreRows, typename T::HeadDim>{};
+    auto dk =
+        gmem_tensor<Element>(p.dk, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                             p.dk_row_stride * f.kv_stride, p.dk_head_stride, p.dk_batch_stride);
+    auto dv =
+        gmem_tensor<Element>(p.dv, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                             p.dv_row_stride * f.kv_stride, p.dv_head_stride, p.dv_batch_stride);
+    params.stores.dk =
+        make_tma_copy(SM90_TMA_STORE{}, dk, typename T::SmemLayoutStore{}, store_rows, _1{});
+    params.stores.dv =
+        make_tma_copy(SM90_TMA_STORE{}, dv, typename T::SmemLayoutStore{}, store_rows, _1{});
+  }
   const auto kernel = backward_kernel<T>;
   // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
   detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes);
@@ -128,8 +158,12 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
     if constexpr (kVariantBuilt) {
       // Deterministic calls compute no dQ here: both schedules are the same kernel then.
       const bool other_schedule = p.dq_accum != nullptr && variant != BackwardVariant::kDefault &&
+                                  variant != BackwardVariant::kTmaEpilogue &&
                                   (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
-      if (other_schedule) {
+      if (variant == BackwardVariant::kTmaEpilogue) {
+        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, kDefaultAlternates, true>>(
+            p, stream);
+      } else if (other_schedule) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, !kDefaultAlternates>>(p, stream);
       } else {
         bwd::launch_backward_kernel<DefaultTraits>(p, stream);
