@@ -776,7 +776,8 @@ void expect_variant_error(DType dtype, int64_t head_dim) {
 // The benchmark-only variants (SAMATTN_HOPPER_BWD_VARIANT=split_dq / alternate_dq: the two dQ
 // schedules of backward_config.h, each forced at both head dims, so each head dim also runs the
 // schedule it does not use by default; tma_epilogue: the default schedule with dK and dV stored
-// by TMA; built for bf16 with -DSAMATTN_HOPPER_TUNING=ON) meet the
+// by TMA; late_reduce: the default schedule with each step's dQ reduced after the next step's
+// first GEMMs; built for bf16 with -DSAMATTN_HOPPER_TUNING=ON) meet the
 // same rule as the default kernel, atomic and deterministic; a variant that is not built for the
 // call is an error naming the variable, raised before any kernel writes a gradient.
 TEST(BackwardHopperRuns, VariantsMatchReference) {
@@ -784,7 +785,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
 #ifndef SAMATTN_HOPPER_TUNING
   GTEST_SKIP() << "the backward variants are built with -DSAMATTN_HOPPER_TUNING=ON only";
 #endif
-  for (const char* variant : {"split_dq", "alternate_dq", "tma_epilogue"}) {
+  for (const char* variant : {"split_dq", "alternate_dq", "tma_epilogue", "late_reduce"}) {
     const ScopedHopperBackwardVariant scoped(variant);
     for (int64_t d : {64, 128}) {
       const Scenario list[] = {

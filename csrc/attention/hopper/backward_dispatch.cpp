@@ -109,9 +109,10 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
   const char* value = std::getenv("SAMATTN_HOPPER_BWD_VARIANT");
   const std::string text = value == nullptr ? "" : value;
   if (text.empty() || text == "default") return BackwardVariant::kDefault;
-  SAMATTN_CHECK(text == "split_dq" || text == "alternate_dq" || text == "tma_epilogue",
-                "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, split_dq, alternate_dq or "
-                "tma_epilogue; got '",
+  SAMATTN_CHECK(text == "split_dq" || text == "alternate_dq" || text == "tma_epilogue" ||
+                    text == "late_reduce",
+                "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, split_dq, alternate_dq, "
+                "tma_epilogue or late_reduce; got '",
                 text, "'");
 #ifndef SAMATTN_HOPPER_TUNING
   SAMATTN_CHECK(false, "SAMATTN_HOPPER_BWD_VARIANT=", text,
@@ -121,6 +122,7 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
   SAMATTN_CHECK(dtype == DType::kBFloat16, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " is built for bfloat16 only; got ", dtype_name(dtype), " head_dim ", head_dim);
   if (text == "tma_epilogue") return BackwardVariant::kTmaEpilogue;
+  if (text == "late_reduce") return BackwardVariant::kLateReduce;
   return text == "split_dq" ? BackwardVariant::kSplitDq : BackwardVariant::kAlternateDq;
 }
 

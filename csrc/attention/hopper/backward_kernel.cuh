@@ -115,7 +115,13 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 // measured): dK and dV leave through shared memory by TMA store instead of 4-byte stores from
 // registers (ncu at (4, 16, 4096, 128), stop 30: the epilogue's 64 scalar stores of each per
 // thread were 4.1% of the stall samples there, with 64 steps per block; at S = 1k a block has 16).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kTmaEpilogue_ = false>
+// kLateReduce (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=late_reduce, until measured): a
+// step's staged dQ is fenced and handed to the bulk reductions after the next step's S^T and
+// dP^T GEMMs are issued, not before (the same ncu: the fence and the reductions' issue, 5.7% of
+// the samples, sat between dK landing and the next S^T issue, with no wgmma of the warpgroup's
+// own in flight).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kTmaEpilogue_ = false,
+          bool kLateReduce_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -123,6 +129,7 @@ struct Traits {
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
   static constexpr bool kTmaEpilogue = kTmaEpilogue_;
+  static constexpr bool kLateReduce = kLateReduce_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -598,6 +605,13 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_ready(0, 0));
   }
   int64_t pending_dq_chunk = 0;  // kDeferDq: the chunk of the previous step's dQ
+  int64_t unreduced_chunk = -1;  // kLateReduce: the chunk of the dQ staged, not yet reduced
+  // kLateReduce: the bulk reductions of the dQ staged last, if any.
+  auto reduce_late = [&]() {
+    if (unreduced_chunk < 0) return;
+    reduce_staged_dq<T>(dq_accum + unreduced_chunk, dq_staging, dq_thread, issues_dq);
+    unreduced_chunk = -1;
+  };
 
   auto cursor = work.first_step(p);
   for (int64_t step = 0; step < work.steps; ++step) {
@@ -633,6 +647,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tSrS);
     issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
                                                             tSrdP);
+    if constexpr (T::kLateReduce) reduce_late();
     // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T,
     // row n's visible columns start at first_visible. Only blocks crossing the end of the keys
     // or the causal diagonal need the test.
@@ -745,11 +760,16 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         wait_staging_read(issues_dq);
         stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
-      reduce_staged_dq<T>(dq_accum + (T::kDeferDq ? pending_dq_chunk : dq_chunk_of(h, m_begin)),
-                          dq_staging, dq_thread, issues_dq);
+      const int64_t chunk = T::kDeferDq ? pending_dq_chunk : dq_chunk_of(h, m_begin);
+      if constexpr (T::kLateReduce) {
+        unreduced_chunk = chunk;
+      } else {
+        reduce_staged_dq<T>(dq_accum + chunk, dq_staging, dq_thread, issues_dq);
+      }
     }
     if constexpr (T::kDeferDq) pending_dq_chunk = dq_chunk_of(h, m_begin);
   }
+  if constexpr (T::kLateReduce) reduce_late();
   // kDeferDq: the last step's dQ, once the other warpgroup's half of its dS is in shared memory.
   // Its wgmma runs while dK and dV are stored; it is staged and reduced after them.
   const bool flush_dq = T::kDeferDq && accumulate_dq && work.steps > 0;

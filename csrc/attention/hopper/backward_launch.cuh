@@ -159,10 +159,14 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
       // Deterministic calls compute no dQ here: both schedules are the same kernel then.
       const bool other_schedule = p.dq_accum != nullptr && variant != BackwardVariant::kDefault &&
                                   variant != BackwardVariant::kTmaEpilogue &&
+                                  variant != BackwardVariant::kLateReduce &&
                                   (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
       if (variant == BackwardVariant::kTmaEpilogue) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, kDefaultAlternates, true>>(
             p, stream);
+      } else if (variant == BackwardVariant::kLateReduce) {
+        bwd::launch_backward_kernel<
+            bwd::Traits<Element, kHeadDim, kDefaultAlternates, false, true>>(p, stream);
       } else if (other_schedule) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, !kDefaultAlternates>>(p, stream);
       } else {
