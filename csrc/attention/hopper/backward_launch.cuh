@@ -85,6 +85,7 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
       make_tma_copy(SM90_TMA_LOAD{}, dout, q_smem, q_tile, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, typename T::SmemLayoutKV{}, kv_tile, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename T::SmemLayoutKV{}, kv_tile, _1{}),
+      {},  // kTmaEpilogue's stores: below
   };
   if constexpr (T::kTmaEpilogue) {
     // Kept key n of dK / dV is physical row n * kv_stride: the descriptors step kv_stride rows.
