@@ -89,12 +89,9 @@
 #include "attention/backward_kernel_params.h"
 #include "attention/hopper/backward_config.h"
 #include "attention/hopper/backward_wgmma.cuh"
+#include "attention/hopper/tma_copy.cuh"
 
 namespace samattn::hopper::bwd {
-
-// (seqlen, head_dim, heads, batch) extents and element strides of a tensor as TMA sees it.
-using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
-using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 // The named barrier (CUTLASS numbers user barriers after its reserved ones) where the consumers
@@ -252,11 +249,7 @@ struct Traits {
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
   template <typename SmemLayout, typename Tile>
-  using Tma = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{},
-      cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
-                        GmemStride{}),
-      SmemLayout{}, Tile{}, cute::_1{}));
+  using Tma = TmaCopy<cute::SM90_TMA_LOAD, const Element, SmemLayout, Tile>;
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<SmemLayoutKV, cute::Shape<BlockN, HeadDim>>;
 
@@ -269,11 +262,8 @@ struct Traits {
   using SmemLayoutStore = decltype(cute::composition(
       SmemLayoutKV{},
       cute::make_layout(cute::Shape<StoreRows, HeadDim>{}, cute::Stride<cute::_1, BlockN>{})));
-  using TmaStore = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_STORE{},
-      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
-                        GmemStride{}),
-      SmemLayoutStore{}, cute::Shape<StoreRows, HeadDim>{}, cute::_1{}));
+  using TmaStore =
+      TmaCopy<cute::SM90_TMA_STORE, Element, SmemLayoutStore, cute::Shape<StoreRows, HeadDim>>;
 };
 
 // The dK and dV store descriptors of a kTmaEpilogue kernel; nothing for the others.

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
+#include "attention/alignment.h"
 #include "attention/hopper/backward_dq_convert.cuh"
 #include "attention/hopper/backward_kernel.cuh"
 #include "attention/hopper/backward_launch.h"
@@ -89,21 +91,18 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
   };
   if constexpr (T::kTmaEpilogue) {
     // Kept key n of dK / dV is physical row n * kv_stride: the descriptors step kv_stride rows.
-    // TMA wants positive strides below 2^40 bytes; backward_supports() checked dk and dv for
-    // 16-byte multiples only (the default epilogue's stores).
-    const auto check = [&](const char* name, int64_t row, int64_t head, int64_t batch) {
-      const int64_t strides[] = {row * f.kv_stride, head, batch};
-      const int64_t extents[] = {f.kept_keys, p.heads_kv, f.batch};
-      for (int i = 0; i < 3; ++i) {
-        const int64_t bytes = strides[i] * static_cast<int64_t>(sizeof(Element));
-        SAMATTN_CHECK(extents[i] <= 1 || (bytes > 0 && bytes < (int64_t{1} << 40)),
-                      "SAMATTN_HOPPER_BWD_VARIANT=tma_epilogue stores ", name,
-                      " by TMA, which needs positive strides below 2^40 bytes; got stride ",
-                      strides[i], " elements");
-      }
+    // backward_supports() checked dk and dv for the default epilogue's stores (16-byte
+    // multiples); TMA also wants the strides positive and below 2^40 bytes.
+    const auto check = [&](const char* name, const void* base, int64_t row, int64_t head,
+                           int64_t batch) {
+      const std::string why =
+          detail::misalignment(name, base, Strides{batch, head, row}, row * f.kv_stride, f.batch,
+                               p.heads_kv, f.kept_keys, sizeof(Element), detail::StrideRule::kTma);
+      SAMATTN_CHECK(why.empty(), "SAMATTN_HOPPER_BWD_VARIANT=tma_epilogue stores ", name,
+                    " by TMA: ", why);
     };
-    check("dk", p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride);
-    check("dv", p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride);
+    check("dk", p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride);
+    check("dv", p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride);
     const auto store_rows = Shape<typename T::StoreRows, typename T::HeadDim>{};
     auto dk =
         gmem_tensor<Element>(p.dk, f.kept_keys, kHeadDim, p.heads_kv, f.batch,

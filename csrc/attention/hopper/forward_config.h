@@ -40,7 +40,8 @@ struct ForwardTile {
   // 30 has the Q copy issued only once the first K's stage had freed, ~0.7k cycles before the
   // current tile's last turn, and landing ~2.5k cycles later, after the epilogue. One process
   // (stop 30): +1-4.5% at head dim 128 S <= 2k, 0.975x on kv_stride 4, nothing at head dim 64;
-  // a tuning entry until an A/B across processes confirms it.
+  // three processes (stop 31): +1.5% on average at head dim 128 S <= 2k, 16 of 18 cells above
+  // 1. A tuning entry until the full GPU check that making it head dim 128's default needs.
   bool early_q = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }

@@ -15,14 +15,11 @@
 #include "attention/hopper/forward_config.h"
 #include "attention/hopper/forward_scheduler.h"
 #include "attention/hopper/forward_trace.cuh"
+#include "attention/hopper/tma_copy.cuh"
 #include "attention/kernel_params.h"
 #include "attention/mask_policy.h"
 
 namespace samattn::hopper {
-
-// (seqlen, head_dim, heads, batch) extents and element strides of a q/k/v tensor as TMA sees it.
-using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
-using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 // A shared-memory slot through which one thread hands a value to others (publish_value): whole
 // 16-byte words, so that vector accesses carry it.
@@ -142,11 +139,7 @@ struct KernelTraits {
 
   // TMA copy atoms (their descriptors travel in the kernel parameters).
   template <typename SmemLayout, typename Tile>
-  using Tma = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{},
-      cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{},
-                        GmemStride{}),
-      SmemLayout{}, Tile{}, cute::_1{}));
+  using Tma = TmaCopy<cute::SM90_TMA_LOAD, const Element, SmemLayout, Tile>;
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<decltype(cute::take<0, 2>(SmemLayoutKV{})), cute::Shape<BlockN, HeadDim>>;
 
@@ -158,11 +151,8 @@ struct KernelTraits {
   using SmemLayoutOStage = decltype(cute::composition(
       cute::take<0, 2>(SmemLayoutQ{}),
       cute::make_layout(cute::Shape<OStageRows, HeadDim>{}, cute::Stride<cute::_1, BlockM>{})));
-  using TmaO = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_STORE{},
-      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
-                        GmemStride{}),
-      SmemLayoutOStage{}, cute::Shape<OStageRows, HeadDim>{}, cute::_1{}));
+  using TmaO =
+      TmaCopy<cute::SM90_TMA_STORE, Element, SmemLayoutOStage, cute::Shape<OStageRows, HeadDim>>;
 };
 
 // The sizes the device code computes with, narrowed to int32 on the host (supports() bounds the
