@@ -775,9 +775,7 @@ void expect_variant_error(DType dtype, int64_t head_dim) {
 
 // The benchmark-only variants (SAMATTN_HOPPER_BWD_VARIANT=split_dq / alternate_dq: the two dQ
 // schedules of backward_config.h, each forced at both head dims, so each head dim also runs the
-// schedule it does not use by default; tma_epilogue: the default schedule with dK and dV stored
-// by TMA; late_reduce: the default schedule with each step's dQ reduced after the next step's
-// first GEMMs; built for bf16 with -DSAMATTN_HOPPER_TUNING=ON) meet the
+// schedule it does not use by default; built for bf16 with -DSAMATTN_HOPPER_TUNING=ON) meet the
 // same rule as the default kernel, atomic and deterministic; a variant that is not built for the
 // call is an error naming the variable, raised before any kernel writes a gradient.
 TEST(BackwardHopperRuns, VariantsMatchReference) {
@@ -785,7 +783,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
 #ifndef SAMATTN_HOPPER_TUNING
   GTEST_SKIP() << "the backward variants are built with -DSAMATTN_HOPPER_TUNING=ON only";
 #endif
-  for (const char* variant : {"split_dq", "alternate_dq", "tma_epilogue", "late_reduce"}) {
+  for (const char* variant : {"split_dq", "alternate_dq"}) {
     const ScopedHopperBackwardVariant scoped(variant);
     for (int64_t d : {64, 128}) {
       const Scenario list[] = {
@@ -868,6 +866,29 @@ TEST(BackwardHopperRuns, AutoPicksHopperAndForcedHopperNamesTheReason) {
   EXPECT_THROW(select_backward_backend(dev32.params), Error);
   dev32.params.forward.backend = Backend::kAuto;
   EXPECT_EQ(select_backward_backend(dev32.params), Backend::kSimt);
+}
+
+// dK and dV leave the Hopper backward through TMA descriptors: a gradient whose strides the TMA
+// rule refuses (here a zero row stride, which 16-byte stores would take) sends kAuto to another
+// path, and a forced Hopper call names the tensor and the stride, before any launch.
+TEST(BackwardHopperRuns, GradientStridesFollowTheTmaRule) {
+  SKIP_WITHOUT_HOPPER_BACKWARD();
+  for (const char* name : {"dk", "dv"}) {
+    BackwardProblem pb({1, 2, 2, 40, 50, 64, 64}, DType::kBFloat16);
+    DeviceBackward dev(pb);
+    Strides& strides = std::string(name) == "dk" ? dev.params.dk_strides : dev.params.dv_strides;
+    strides.seq = 0;
+    EXPECT_NE(select_backward_backend(dev.params), Backend::kHopper) << name;
+    dev.params.forward.backend = Backend::kHopper;
+    try {
+      select_backward_backend(dev.params);
+      ADD_FAILURE() << "the Hopper backward accepted " << name << " with row stride 0";
+    } catch (const Error& error) {
+      const std::string why = error.what();
+      EXPECT_NE(why.find(std::string(name) + " row stride 0"), std::string::npos) << why;
+      EXPECT_NE(why.find("TMA"), std::string::npos) << why;
+    }
+  }
 }
 
 // Without a compute capability 9.0 GPU kAuto never reports the Hopper backward, and forcing it

@@ -41,11 +41,9 @@ constexpr bool backward_defers_dq(bool alternates_dq, int64_t block_m) {
 constexpr int backward_ds_buffers(bool defers_dq) { return defers_dq ? 4 : 2; }
 
 // A tuning build (-DSAMATTN_HOPPER_TUNING=ON, benchmarks) also builds, for bf16, the schedule a
-// head dim does not use by default and the default schedule with dK and dV stored by TMA
-// (kTmaEpilogue) or with each step's dQ reduced after the next step's first GEMMs (kLateReduce;
-// both: backward_kernel.cuh's Traits); the environment variable SAMATTN_HOPPER_BWD_VARIANT
-// selects one explicitly, to measure them side by side in one process.
-enum class BackwardVariant { kDefault, kSplitDq, kAlternateDq, kTmaEpilogue, kLateReduce };
+// head dim does not use by default; the environment variable SAMATTN_HOPPER_BWD_VARIANT selects
+// one explicitly, to measure both side by side in one process.
+enum class BackwardVariant { kDefault, kSplitDq, kAlternateDq };
 
 // One block = (batch, kv head, kBlockN = 128 keys): a producer warpgroup (one thread issues the
 // TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of the keys

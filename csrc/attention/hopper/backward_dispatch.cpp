@@ -73,9 +73,10 @@ Status backward_supports(const AttentionBackwardParams& bp) {
         detail::concat("extents above ", kMaxExtent, " (TMA coordinates are 32-bit)"));
   }
   // q, k, v and dout are read through TMA descriptors (and, deterministic, by the sm80 dQ
-  // kernel's 16-byte copies); dk and dv are written with 4-byte stores, dq by the conversion or
-  // the deterministic kernel with 16-byte stores. With no kept keys nothing of k and v is read,
-  // with no query rows nothing of q and dout.
+  // kernel's 16-byte copies); the kept keys' rows of dk and dv are written through TMA
+  // descriptors too, the rows between them (kv_stride > 1) zeroed with 4-byte stores; dq is
+  // written by the conversion or the deterministic kernel with 16-byte stores. With no kept keys
+  // nothing of k and v is read, with no query rows nothing of q and dout.
   const int64_t keys = detail::strided_key_count(p);
   const bool rows = p.seqlen_q > 0;
   const std::string misaligned[] = {
@@ -97,7 +98,13 @@ Status backward_supports(const AttentionBackwardParams& bp) {
       detail::misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq, p.batch, p.heads_kv,
                            p.seqlen_k, bytes),
       detail::misalignment("dv", bp.dv, bp.dv_strides, bp.dv_strides.seq, p.batch, p.heads_kv,
-                           p.seqlen_k, bytes)};
+                           p.seqlen_k, bytes),
+      keys == 0 ? ""
+                : detail::misalignment("dk", bp.dk, bp.dk_strides, bp.dk_strides.seq * p.kv_stride,
+                                       p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma),
+      keys == 0 ? ""
+                : detail::misalignment("dv", bp.dv, bp.dv_strides, bp.dv_strides.seq * p.kv_stride,
+                                       p.batch, p.heads_kv, keys, bytes, detail::StrideRule::kTma)};
   for (const std::string& why : misaligned) {
     if (!why.empty()) return unsupported(why);
   }
@@ -109,11 +116,10 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
   const char* value = std::getenv("SAMATTN_HOPPER_BWD_VARIANT");
   const std::string text = value == nullptr ? "" : value;
   if (text.empty() || text == "default") return BackwardVariant::kDefault;
-  SAMATTN_CHECK(text == "split_dq" || text == "alternate_dq" || text == "tma_epilogue" ||
-                    text == "late_reduce",
-                "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, split_dq, alternate_dq, "
-                "tma_epilogue or late_reduce; got '",
-                text, "'");
+  SAMATTN_CHECK(
+      text == "split_dq" || text == "alternate_dq",
+      "SAMATTN_HOPPER_BWD_VARIANT must be unset, default, split_dq or alternate_dq; got '", text,
+      "'");
 #ifndef SAMATTN_HOPPER_TUNING
   SAMATTN_CHECK(false, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " needs a build configured with -DSAMATTN_HOPPER_TUNING=ON (this build has only "
@@ -121,8 +127,6 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
 #endif
   SAMATTN_CHECK(dtype == DType::kBFloat16, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " is built for bfloat16 only; got ", dtype_name(dtype), " head_dim ", head_dim);
-  if (text == "tma_epilogue") return BackwardVariant::kTmaEpilogue;
-  if (text == "late_reduce") return BackwardVariant::kLateReduce;
   return text == "split_dq" ? BackwardVariant::kSplitDq : BackwardVariant::kAlternateDq;
 }
 

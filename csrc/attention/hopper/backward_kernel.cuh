@@ -108,25 +108,17 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
-// runs). kTmaEpilogue (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=tma_epilogue, until
-// measured): dK and dV leave through shared memory by TMA store instead of 4-byte stores from
-// registers (ncu at (4, 16, 4096, 128), stop 30: the epilogue's 64 scalar stores of each per
-// thread were 4.1% of the stall samples there, with 64 steps per block; at S = 1k a block has 16).
-// kLateReduce (a tuning variant, SAMATTN_HOPPER_BWD_VARIANT=late_reduce, until measured): a
-// step's staged dQ is fenced and handed to the bulk reductions after the next step's S^T and
-// dP^T GEMMs are issued, not before (the same ncu: the fence and the reductions' issue, 5.7% of
-// the samples, sat between dK landing and the next S^T issue, with no wgmma of the warpgroup's
-// own in flight).
-template <typename Element_, int kHeadDim_, bool kAlternateDq_, bool kTmaEpilogue_ = false,
-          bool kLateReduce_ = false>
+// runs). dK and dV leave through shared memory by TMA store: stop 32 measured it at 0.91-0.95 of
+// the time of 4-byte stores from registers at S = 1k (the epilogue's 64 scalar stores of each
+// per thread were 4.1% of the stall samples at S = 4k, stop 30's ncu; at S = 1k a block has a
+// quarter of the steps to hide them behind).
+template <typename Element_, int kHeadDim_, bool kAlternateDq_>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
-  static constexpr bool kTmaEpilogue = kTmaEpilogue_;
-  static constexpr bool kLateReduce = kLateReduce_;
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
@@ -253,9 +245,9 @@ struct Traits {
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<SmemLayoutKV, cute::Shape<BlockN, HeadDim>>;
 
-  // kTmaEpilogue: each consumer warp stages its 16 key rows of dV, then of dK, in the same rows
-  // of V's tile (a warpgroup's own 64 rows of V are read only by its own dP^T GEMMs, all done
-  // by then) and stores them by TMA. Rows 16 j .. 16 j + 15 of the tile have the layout of rows
+  // Each consumer warp stages its 16 key rows of dV, then of dK, in the same rows of V's tile (a
+  // warpgroup's own 64 rows of V are read only by its own dP^T GEMMs, all done by then) and
+  // stores them by TMA. Rows 16 j .. 16 j + 15 of the tile have the layout of rows
   // 0 .. 15 (the swizzle atoms stack along the rows first, and 16 rows are whole 1024-byte
   // swizzle periods), so one descriptor serves every warp.
   using StoreRows = cute::_16;
@@ -264,15 +256,6 @@ struct Traits {
       cute::make_layout(cute::Shape<StoreRows, HeadDim>{}, cute::Stride<cute::_1, BlockN>{})));
   using TmaStore =
       TmaCopy<cute::SM90_TMA_STORE, Element, SmemLayoutStore, cute::Shape<StoreRows, HeadDim>>;
-};
-
-// The dK and dV store descriptors of a kTmaEpilogue kernel; nothing for the others.
-template <typename T, bool = T::kTmaEpilogue>
-struct GradientStores {};
-template <typename T>
-struct GradientStores<T, true> {
-  typename T::TmaStore dk;
-  typename T::TmaStore dv;
 };
 
 template <typename T>
@@ -284,7 +267,8 @@ struct KernelParams {
   typename T::TmaQ tma_dout;
   typename T::TmaKV tma_k;
   typename T::TmaKV tma_v;
-  GradientStores<T> stores;  // kTmaEpilogue: dK and dV, over the kept keys as k and v
+  typename T::TmaStore store_dk;  // dK and dV: over the kept keys, as k and v
+  typename T::TmaStore store_dv;
 };
 
 // The block's work: its keys and the steps (query head, query block of kBlockM rows) that see them.
@@ -446,7 +430,7 @@ __device__ __forceinline__ void reduce_staged_dq(float* chunk, const float* stag
   }
 }
 
-// kTmaEpilogue: dV, then dK times the softmax scale, of the warp's 16 key rows, each rounded to
+// dV, then dK times the softmax scale, of the warp's 16 key rows, each rounded to
 // the element type, staged by stmatrix in the warp's rows of V's tile and stored by one TMA copy
 // that the warp's first lane issues and waits to have read (before the rows are written again,
 // and before the block exits). Keys past kept_keys lie outside the descriptors' extent: the copy
@@ -489,8 +473,8 @@ __device__ __forceinline__ void store_gradients_by_tma(const KernelParams<T>& pa
     }
     __syncwarp();
   };
-  store(params.stores.dv, dv, 1.f);
-  store(params.stores.dk, dk, dk_scale);
+  store(params.store_dv, dv, 1.f);
+  store(params.store_dk, dk, dk_scale);
 }
 
 template <typename T>
@@ -548,9 +532,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   const auto dq_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
   Tensor tdVrdV = partition_fragment_C(mma_dkv, dkv_tile);
   Tensor tdKrdK = partition_fragment_C(mma_dkv, dkv_tile);
-  // (key, query) of every S^T element, (key, dim) of every dK / dV element.
+  // (key, query) of every S^T element.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(sdp_tile));
-  Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(dkv_tile));
   // A thread holds two key rows of its warp's 16: element i of an accumulator is in row half
   // (i / 2) % 2 (wgmma's fragment order: column pair, row half, 8-column group).
   const int local_key[2] = {get<0>(tScS(0)), get<0>(tScS(2))};
@@ -595,13 +578,6 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     cutlass::arch::NamedBarrier::sync(BackwardConfig::kConsumerThreads, ds_ready(0, 0));
   }
   int64_t pending_dq_chunk = 0;  // kDeferDq: the chunk of the previous step's dQ
-  int64_t unreduced_chunk = -1;  // kLateReduce: the chunk of the dQ staged, not yet reduced
-  // kLateReduce: the bulk reductions of the dQ staged last, if any.
-  auto reduce_late = [&]() {
-    if (unreduced_chunk < 0) return;
-    reduce_staged_dq<T>(dq_accum + unreduced_chunk, dq_staging, dq_thread, issues_dq);
-    unreduced_chunk = -1;
-  };
 
   auto cursor = work.first_step(p);
   for (int64_t step = 0; step < work.steps; ++step) {
@@ -637,7 +613,6 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tSrS);
     issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
                                                             tSrdP);
-    if constexpr (T::kLateReduce) reduce_late();
     // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T,
     // row n's visible columns start at first_visible. Only blocks crossing the end of the keys
     // or the causal diagonal need the test.
@@ -751,15 +726,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
         stage_dq<T>(tdQrdQ, dq_staging, dq_thread);
       }
       const int64_t chunk = T::kDeferDq ? pending_dq_chunk : dq_chunk_of(h, m_begin);
-      if constexpr (T::kLateReduce) {
-        unreduced_chunk = chunk;
-      } else {
-        reduce_staged_dq<T>(dq_accum + chunk, dq_staging, dq_thread, issues_dq);
-      }
+      reduce_staged_dq<T>(dq_accum + chunk, dq_staging, dq_thread, issues_dq);
     }
     if constexpr (T::kDeferDq) pending_dq_chunk = dq_chunk_of(h, m_begin);
   }
-  if constexpr (T::kLateReduce) reduce_late();
   // kDeferDq: the last step's dQ, once the other warpgroup's half of its dS is in shared memory.
   // Its wgmma runs while dK and dV are stored; it is staged and reduced after them.
   const bool flush_dq = T::kDeferDq && accumulate_dq && work.steps > 0;
@@ -780,41 +750,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   }
 
   const float scale = static_cast<float>(p.scale);
-  if constexpr (T::kTmaEpilogue) {
-    store_gradients_by_tma(params, sV, mma_dkv, tdKrdK, tdVrdV, scale, work, tid);
-  } else {
-    // dK (times the softmax scale) and dV of the warpgroup's keys; logical key n is physical row
-    // n * kv_stride, and keys past kept_keys are never written. A thread's values lie in two key
-    // rows (row half (i / 2) % 2, as in S^T) at columns a constant away from its first, so each
-    // pair is stored through one of two row pointers at an immediate offset (computing the 64-bit
-    // address per pair took ~45 instructions a pair, ~1.5k per thread at head dim 128).
-    const int keys = static_cast<int>(min(int64_t{kBlockN}, f.kept_keys - work.n_begin));
-    const int first_col = get<1>(tdKVcdKV(0));
-    Element* dk_row_ptr[2];
-    Element* dv_row_ptr[2];
-    bool row_kept[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int64_t key = get<0>(tdKVcdKV(2 * r));
-      const int64_t row = (work.n_begin + key) * f.kv_stride;
-      row_kept[r] = key < keys;
-      dk_row_ptr[r] = static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride +
-                      work.h_kv * p.dk_head_stride + row * p.dk_row_stride + first_col;
-      dv_row_ptr[r] = static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride +
-                      work.h_kv * p.dv_head_stride + row * p.dv_row_stride + first_col;
-    }
-    CUTE_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 2) {
-      const int r = (i / 2) % 2;
-      const int col = get<1>(tdKVcdKV(i)) - first_col;
-      if (row_kept[r]) {
-        *reinterpret_cast<uint32_t*>(dk_row_ptr[r] + col) =
-            pack_pair<Element>(tdKrdK(i) * scale, tdKrdK(i + 1) * scale);
-        *reinterpret_cast<uint32_t*>(dv_row_ptr[r] + col) =
-            pack_pair<Element>(tdVrdV(i), tdVrdV(i + 1));
-      }
-    }
-  }
+  store_gradients_by_tma(params, sV, mma_dkv, tdKrdK, tdVrdV, scale, work, tid);
   if constexpr (T::kDeferDq) {
     if (flush_dq) {
       warpgroup_wait<0>();

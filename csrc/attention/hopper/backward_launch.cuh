@@ -6,9 +6,7 @@
 
 #include <cstdint>
 #include <limits>
-#include <string>
 
-#include "attention/alignment.h"
 #include "attention/hopper/backward_dq_convert.cuh"
 #include "attention/hopper/backward_kernel.cuh"
 #include "attention/hopper/backward_launch.h"
@@ -76,10 +74,19 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
       no_queries ? k
                  : gmem_tensor<const Element>(p.dout, f.seqlen_q, kHeadDim, f.heads_q, f.batch,
                                               p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  // Kept key n of dK / dV is physical row n * kv_stride: their store descriptors step kv_stride
+  // rows (backward_supports() has checked those strides against the TMA rule).
+  auto dk =
+      gmem_tensor<Element>(p.dk, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                           p.dk_row_stride * f.kv_stride, p.dk_head_stride, p.dk_batch_stride);
+  auto dv =
+      gmem_tensor<Element>(p.dv, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
+                           p.dv_row_stride * f.kv_stride, p.dv_head_stride, p.dv_batch_stride);
   const auto q_smem = take<0, 2>(typename T::SmemLayoutQ{});
   const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
   const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
-  KernelParams<T> params{
+  const auto store_rows = Shape<typename T::StoreRows, typename T::HeadDim>{};
+  const KernelParams<T> params{
       p,
       q.shape(),
       k.shape(),
@@ -87,34 +94,9 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
       make_tma_copy(SM90_TMA_LOAD{}, dout, q_smem, q_tile, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, typename T::SmemLayoutKV{}, kv_tile, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename T::SmemLayoutKV{}, kv_tile, _1{}),
-      {},  // kTmaEpilogue's stores: below
+      make_tma_copy(SM90_TMA_STORE{}, dk, typename T::SmemLayoutStore{}, store_rows, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, dv, typename T::SmemLayoutStore{}, store_rows, _1{}),
   };
-  if constexpr (T::kTmaEpilogue) {
-    // Kept key n of dK / dV is physical row n * kv_stride: the descriptors step kv_stride rows.
-    // backward_supports() checked dk and dv for the default epilogue's stores (16-byte
-    // multiples); TMA also wants the strides positive and below 2^40 bytes.
-    const auto check = [&](const char* name, const void* base, int64_t row, int64_t head,
-                           int64_t batch) {
-      const std::string why =
-          detail::misalignment(name, base, Strides{batch, head, row}, row * f.kv_stride, f.batch,
-                               p.heads_kv, f.kept_keys, sizeof(Element), detail::StrideRule::kTma);
-      SAMATTN_CHECK(why.empty(), "SAMATTN_HOPPER_BWD_VARIANT=tma_epilogue stores ", name,
-                    " by TMA: ", why);
-    };
-    check("dk", p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride);
-    check("dv", p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride);
-    const auto store_rows = Shape<typename T::StoreRows, typename T::HeadDim>{};
-    auto dk =
-        gmem_tensor<Element>(p.dk, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
-                             p.dk_row_stride * f.kv_stride, p.dk_head_stride, p.dk_batch_stride);
-    auto dv =
-        gmem_tensor<Element>(p.dv, f.kept_keys, kHeadDim, p.heads_kv, f.batch,
-                             p.dv_row_stride * f.kv_stride, p.dv_head_stride, p.dv_batch_stride);
-    params.stores.dk =
-        make_tma_copy(SM90_TMA_STORE{}, dk, typename T::SmemLayoutStore{}, store_rows, _1{});
-    params.stores.dv =
-        make_tma_copy(SM90_TMA_STORE{}, dv, typename T::SmemLayoutStore{}, store_rows, _1{});
-  }
   const auto kernel = backward_kernel<T>;
   // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
   detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), T::kSmemBytes);
@@ -158,16 +140,8 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
     if constexpr (kVariantBuilt) {
       // Deterministic calls compute no dQ here: both schedules are the same kernel then.
       const bool other_schedule = p.dq_accum != nullptr && variant != BackwardVariant::kDefault &&
-                                  variant != BackwardVariant::kTmaEpilogue &&
-                                  variant != BackwardVariant::kLateReduce &&
                                   (variant == BackwardVariant::kAlternateDq) != kDefaultAlternates;
-      if (variant == BackwardVariant::kTmaEpilogue) {
-        bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, kDefaultAlternates, true>>(
-            p, stream);
-      } else if (variant == BackwardVariant::kLateReduce) {
-        bwd::launch_backward_kernel<
-            bwd::Traits<Element, kHeadDim, kDefaultAlternates, false, true>>(p, stream);
-      } else if (other_schedule) {
+      if (other_schedule) {
         bwd::launch_backward_kernel<bwd::Traits<Element, kHeadDim, !kDefaultAlternates>>(p, stream);
       } else {
         bwd::launch_backward_kernel<DefaultTraits>(p, stream);

@@ -25,11 +25,9 @@ void launch_backward(const detail::BackwardKernelParams& params, BackwardVariant
 
 // The variant the environment variable SAMATTN_HOPPER_BWD_VARIANT asks for (benchmark-only):
 // unset, empty or "default": kDefault; "split_dq" / "alternate_dq": kSplitDq / kAlternateDq
-// (the dQ schedules of backward_config.h, whichever the head dim uses or not); "tma_epilogue":
-// kTmaEpilogue (the default schedule with dK and dV stored by TMA); "late_reduce": kLateReduce
-// (the default schedule with each step's dQ reduced after the next step's first GEMMs); built
-// for bf16 only and only with -DSAMATTN_HOPPER_TUNING=ON. Any other value, or a variant that is not
-// built for the call, is an error naming the variable.
+// (the dQ schedules of backward_config.h, whichever the head dim uses or not), built for bf16
+// only and only with -DSAMATTN_HOPPER_TUNING=ON. Any other value, or a variant that is not built
+// for the call, is an error naming the variable.
 BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim);
 
 // Whether the dtype and head dims have an instantiation (no device query).
