@@ -284,7 +284,8 @@ def print_summary(result: dict) -> None:
 
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default"
-          " path: entry 0, at D = 64 causal with S <= 1k entry 1"
+          " path: entry 0, at D = 64 causal with S <= 1k entry 1, at D = 128 with S <= 2k and"
+          " kv_stride 1 entry 2"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
              " the work counter" if ablations else "")

@@ -170,24 +170,41 @@ TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
 }
 
 // Head dim 64 runs its two-warpgroup entry on causal problems of at most 1024 queries and kept
-// keys (measured faster there), the default entry on everything else; the other head dims
-// always run their default. Both entries are compiled into every build.
-TEST(HopperTileTables, ShortCausalProblemsAtHeadDim64TakeTheTwoWarpgroupTile) {
+// keys (measured faster there), head dim 128 its early-Q entry on problems of at most 2048
+// queries and kept keys without kv_stride; everything else runs the default entry. Those entries
+// are compiled into every build.
+TEST(HopperTileTables, ShortProblemsTakeTheirOwnTiles) {
   EXPECT_EQ(forward_tile(64, kShortCausalTile64).consumer_warpgroups, 2);
   EXPECT_EQ(forward_tile(64, default_tile_variant(64)).consumer_warpgroups, 3);
   EXPECT_TRUE(tile_in_every_build(64, kShortCausalTile64));
   EXPECT_TRUE(tile_in_every_build(64, default_tile_variant(64)));
-  EXPECT_EQ(tile_variant_for_shape(64, true, 512, 512), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1024), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1, 1000), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1025, 1024), default_tile_variant(64));
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1025), default_tile_variant(64));
-  EXPECT_EQ(tile_variant_for_shape(64, false, 512, 512), default_tile_variant(64));
-  for (int d : {128, 256}) {
-    EXPECT_EQ(tile_variant_for_shape(d, true, 512, 512), default_tile_variant(d));
-    for (int variant = 0; variant < tile_variants(d); ++variant) {
-      EXPECT_EQ(tile_in_every_build(d, variant), variant == default_tile_variant(d));
-    }
+  EXPECT_EQ(tile_variant_for_shape(64, true, 512, 512, 1), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1024, 1), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1, 1000, 1), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1024, 4), kShortCausalTile64);
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1025, 1024, 1), default_tile_variant(64));
+  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1025, 1), default_tile_variant(64));
+  EXPECT_EQ(tile_variant_for_shape(64, false, 512, 512, 1), default_tile_variant(64));
+
+  EXPECT_TRUE(forward_tile(128, kShortTile128).early_q);
+  EXPECT_FALSE(forward_tile(128, default_tile_variant(128)).early_q);
+  EXPECT_TRUE(tile_in_every_build(128, kShortTile128));
+  EXPECT_TRUE(tile_in_every_build(128, default_tile_variant(128)));
+  for (bool causal : {false, true}) {
+    EXPECT_EQ(tile_variant_for_shape(128, causal, 512, 512, 1), kShortTile128);
+    EXPECT_EQ(tile_variant_for_shape(128, causal, 2048, 2048, 1), kShortTile128);
+    EXPECT_EQ(tile_variant_for_shape(128, causal, 1, 2000, 1), kShortTile128);
+    EXPECT_EQ(tile_variant_for_shape(128, causal, 2049, 2048, 1), default_tile_variant(128));
+    EXPECT_EQ(tile_variant_for_shape(128, causal, 2048, 2049, 1), default_tile_variant(128));
+    EXPECT_EQ(tile_variant_for_shape(128, causal, 1024, 1024, 4), default_tile_variant(128));
+  }
+  for (int variant = 0; variant < tile_variants(128); ++variant) {
+    EXPECT_EQ(tile_in_every_build(128, variant),
+              variant == default_tile_variant(128) || variant == kShortTile128);
+  }
+  EXPECT_EQ(tile_variant_for_shape(256, true, 512, 512, 1), default_tile_variant(256));
+  for (int variant = 0; variant < tile_variants(256); ++variant) {
+    EXPECT_EQ(tile_in_every_build(256, variant), variant == default_tile_variant(256));
   }
 }
 

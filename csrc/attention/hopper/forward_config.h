@@ -41,7 +41,8 @@ struct ForwardTile {
   // current tile's last turn, and landing ~2.5k cycles later, after the epilogue. One process
   // (stop 30): +1-4.5% at head dim 128 S <= 2k, 0.975x on kv_stride 4, nothing at head dim 64;
   // three processes (stop 31): +1.5% on average at head dim 128 S <= 2k, 16 of 18 cells above
-  // 1. A tuning entry until the full GPU check that making it head dim 128's default needs.
+  // 1; a fourth (stop 32): +1-2% at S <= 2k, 0.97-1.01x at S >= 4k, 0.97x on kv_stride 4. So
+  // head dim 128 runs it on short problems without kv_stride (kShortTile128).
   bool early_q = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
@@ -69,7 +70,8 @@ struct ForwardTile {
 // to. The next tile's Q then waits until the consumers are done with the current one.
 //
 // Every head dim has a table of tile variants; entry kDefaultTile* is the one the library runs,
-// except at head dim 64 for short causal problems, which run entry kShortCausalTile64
+// except at head dim 64 for short causal problems, which run entry kShortCausalTile64, and at
+// head dim 128 for short problems without kv_stride, which run entry kShortTile128
 // (tile_variant_for_shape). Those entries are what every build compiles. A build with
 // -DSAMATTN_HOPPER_TUNING=ON (benchmarks only) also compiles the others, and
 // SAMATTN_HOPPER_TILE=<index> picks any compiled entry at run time, so one benchmark run
@@ -82,16 +84,15 @@ struct ForwardTile {
 // [1] 3 stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against
 // TMA latency. (A third stage of K alone, with two Q buffers, measured 0.99-1.00x the default at
 // S <= 2k and slower on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands
-// in time.) [2] entry 0 with ForwardTile::early_q. Producer registers: 40 (consumers 232) where
-// the consumers fit that without spilling, else 24 (consumers 240), where ptxas spills a few
-// bytes in the producer's single TMA thread (under 24 the published work unit and the tile walk
-// no longer fit); 32 with three consumer warpgroups.
-// Measured and removed (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64
-// with FMA-pipe exponentials (its registers serialised its wgmmas), the tiles without a lean
-// start, an overlapped tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x
-// the default in three runs; at 2 stages the next tile's first K lands after the last P V it
-// should hide behind; commit 7aaaa7a has it) and a lean mask (masked blocks through the fused
-// FFMA: 0.98-1.02x).
+// in time.) [2] entry 0 with ForwardTile::early_q, which short problems run. Producer registers: 40
+// (consumers 232) where the consumers fit that without spilling, else 24 (consumers 240), where
+// ptxas spills a few bytes in the producer's single TMA thread (under 24 the published work unit
+// and the tile walk no longer fit); 32 with three consumer warpgroups. Measured and removed
+// (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64 with FMA-pipe
+// exponentials (its registers serialised its wgmmas), the tiles without a lean start, an overlapped
+// tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x the default in three
+// runs; at 2 stages the next tile's first K lands after the last P V it should hide behind; commit
+// 7aaaa7a has it) and a lean mask (masked blocks through the fused FFMA: 0.98-1.02x).
 inline constexpr ForwardTile kTiles64[] = {
     {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, true}};
 inline constexpr ForwardTile kTiles128[] = {
@@ -115,6 +116,13 @@ inline constexpr int kDefaultTile256 = 0;
 inline constexpr int kShortCausalTile64 = 1;
 inline constexpr int64_t kShortCausalMaxSeqlen64 = 1024;
 
+// Head dim 128, kv_stride 1, at most 2048 queries and kept keys, causal or not: entry 2 (early
+// Q; ForwardTile::early_q has the measurements). A tile there walks at most 16 key blocks, so
+// the Q copy that the next tile waits for is a larger share of it; with kv_stride 4 the early
+// Q copy delays the first strided K copy instead (0.97x).
+inline constexpr int kShortTile128 = 2;
+inline constexpr int64_t kShortMaxSeqlen128 = 2048;
+
 constexpr int tile_variants(int64_t head_dim) {
   if (head_dim <= 64) return static_cast<int>(sizeof(kTiles64) / sizeof(kTiles64[0]));
   if (head_dim <= 128) return static_cast<int>(sizeof(kTiles128) / sizeof(kTiles128[0]));
@@ -130,18 +138,22 @@ constexpr int default_tile_variant(int64_t head_dim) {
 // The entry the library runs for a problem (SAMATTN_HOPPER_TILE unset). kept_keys is
 // ceil(seqlen_k / kv_stride), the keys a tile walks; for varlen, the longest sequences.
 constexpr int tile_variant_for_shape(int64_t head_dim, bool causal, int64_t seqlen_q,
-                                     int64_t kept_keys) {
+                                     int64_t kept_keys, int64_t kv_stride) {
   const bool short_causal =
       causal && seqlen_q <= kShortCausalMaxSeqlen64 && kept_keys <= kShortCausalMaxSeqlen64;
   if (head_dim <= 64 && short_causal) return kShortCausalTile64;
+  const bool short_unstrided =
+      kv_stride == 1 && seqlen_q <= kShortMaxSeqlen128 && kept_keys <= kShortMaxSeqlen128;
+  if (head_dim > 64 && head_dim <= 128 && short_unstrided) return kShortTile128;
   return default_tile_variant(head_dim);
 }
 
 // Whether a build without SAMATTN_HOPPER_TUNING compiles the entry (CMakeLists.txt instantiates
-// the same two).
+// the same entries).
 constexpr bool tile_in_every_build(int64_t head_dim, int variant) {
   return variant == default_tile_variant(head_dim) ||
-         (head_dim <= 64 && variant == kShortCausalTile64);
+         (head_dim <= 64 && variant == kShortCausalTile64) ||
+         (head_dim > 64 && head_dim <= 128 && variant == kShortTile128);
 }
 
 // The caller keeps variant within [0, tile_variants(head_dim)).

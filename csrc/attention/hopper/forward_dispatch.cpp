@@ -109,8 +109,8 @@ Status supports(const AttentionParams& p) {
   }
   const int bytes = dtype_size(p.dtype);
   // The tile dispatch_forward will run (it reads the same shape from the kernel parameters).
-  const int shape_variant =
-      tile_variant_for_shape(p.head_dim, p.causal, p.seqlen_q, detail::strided_key_count(p));
+  const int shape_variant = tile_variant_for_shape(p.head_dim, p.causal, p.seqlen_q,
+                                                   detail::strided_key_count(p), p.kv_stride);
   const ForwardTile tile =
       forward_tile(p.head_dim, forward_tile_variant_from_environment(p.head_dim, shape_variant));
   if (m.has_block_map()) {
@@ -233,8 +233,8 @@ void dispatch_variant(int variant, const detail::ForwardKernelParams& params, cu
 template <DType kDType>
 void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t stream) {
   const int variant = forward_tile_variant_from_environment(
-      params.head_dim,
-      tile_variant_for_shape(params.head_dim, params.causal, params.seqlen_q, params.kept_keys));
+      params.head_dim, tile_variant_for_shape(params.head_dim, params.causal, params.seqlen_q,
+                                              params.kept_keys, params.kv_stride));
   switch (params.head_dim) {
     case 64:
       return dispatch_variant<kDType, 64>(variant, params, stream);
