@@ -3,7 +3,7 @@
 in one process, bf16 by default.
 
 In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's alternative tile
-variants (SAMATTN_HOPPER_TILE=1, 2, 3: entries of forward_config.h's tile tables, TILE_LEGEND)
+variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND)
 at head dims 64 and 128, so one run compares them; without that build those columns are left
 out. With --ablations, also the Hopper path with its ping-pong, its output store through shared
 memory or its work-counter schedule switched off
@@ -74,7 +74,7 @@ def samattn_backend(backend):
 
 
 # The tuning build's other entries of a head dim's tile table (SAMATTN_HOPPER_TILE).
-TILE_VARIANTS = (1, 2, 3)
+TILE_VARIANTS = (1, 2)
 METHODS = {
     "samattn-hopper": samattn_backend("hopper"),
     "samattn-tensor_core": samattn_backend("tensor_core"),
@@ -103,11 +103,9 @@ ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_sche
 TILE_LEGEND = {
     64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
          "128x128 3 stages 2 Q, lean tile start",
-         "128x128 3 stages 2 Q, lean tile start, early Q",
-         "64x128 2 stages 2 Q, lean tile start, 2 blocks per SM"),
+         "128x128 3 stages 2 Q, lean tile start, early Q"),
     128: ("128x128 2 stages 2 Q, lean tile start",
-          "128x128 3 stages 1 Q", "128x128 2 stages 2 Q, lean tile start, early Q",
-          "64x64 2 stages 2 Q, lean tile start, early Q, 2 blocks per SM"),
+          "128x128 3 stages 1 Q", "128x128 2 stages 2 Q, lean tile start, early Q"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}
@@ -288,7 +286,7 @@ def print_summary(result: dict) -> None:
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default"
           " path: entry 0, at D = 64 causal with S <= 1k entry 1, at D = 128 with S <= 2k and"
           " kv_stride 1 entry 2"
-          + ("; t1, t2, t3 = SAMATTN_HOPPER_TILE=1, 2, 3" if tiles else "")
+          + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
              " the work counter" if ablations else "")
           + ")")

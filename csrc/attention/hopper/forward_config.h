@@ -44,22 +44,14 @@ struct ForwardTile {
   // 1; a fourth (stop 32): +1-2% at S <= 2k, 0.97-1.01x at S >= 4k, 0.97x on kv_stride 4. So
   // head dim 128 runs it on short problems without kv_stride (kShortTile128).
   bool early_q = false;
-  // Blocks an SM holds at once (__launch_bounds__'s minimum; the grid is that many per SM, as
-  // many as the occupancy query allows). Two blocks of one consumer warpgroup each are two
-  // independent streams of 64-row tiles, each with its own producer, Q buffers and K / V ring:
-  // one's tile boundary (its epilogue, the next tile's Q and first K) runs under the other's
-  // GEMMs, where the two warpgroups of one block reach their boundaries together and the tensor
-  // cores idle through both (benchmarks/NOTES.md, stop 32).
-  int blocks_per_sm = 1;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
-  // The pool __launch_bounds__(threads, blocks_per_sm) gives the block (per thread: 65536 /
-  // (threads x blocks_per_sm) in multiples of 8) less the producer's, split among the consumer
-  // threads in multiples of 8 (setmaxnreg's granularity): 168 x 384 - 128 x 40 = 256 x 232 with
-  // two consumer warpgroups.
+  // The pool __launch_bounds__(threads, 1) gives the block (per thread: 65536 / threads in
+  // multiples of 8) less the producer's, split among the consumer threads in multiples of 8
+  // (setmaxnreg's granularity): 168 x 384 - 128 x 40 = 256 x 232 with two consumer warpgroups.
   constexpr int consumer_registers() const {
-    const int per_thread_at_launch = 65536 / (threads() * blocks_per_sm) / 8 * 8;
+    const int per_thread_at_launch = 65536 / threads() / 8 * 8;
     const int pool = per_thread_at_launch * threads() - 128 * producer_registers;
     return pool / (128 * consumer_warpgroups) / 8 * 8;
   }
@@ -87,32 +79,24 @@ struct ForwardTile {
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
 // + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] two consumer
 // warpgroups (128 x 128 tiles) with a lean tile start, which short causal problems run; [2] entry
-// 1 with ForwardTile::early_q; [3] two blocks per SM (ForwardTile::blocks_per_sm) of one
-// consumer warpgroup each: 64 x 128 tiles, 2 stages, 2 Q buffers (80 KiB a block). Head dim 128:
-// [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start:
-// +3-7% at S <= 2k causal in stop 20's first run); [1] 3 stages of 128 x 128 K and V with one Q
-// buffer (32 + 192 = 224 KiB): a deeper ring against TMA latency. (A third stage of K alone, with
-// two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the kv_stride = 4 case in
-// stop 19: the tile timeline showed that K lands in time.) [2] entry 0 with ForwardTile::early_q,
-// which short problems run; [3] two blocks per SM of one consumer warpgroup each: 64 x 64 tiles
-// (two of them fit 228 KiB only at 64 keys a stage), 2 stages, 2 Q buffers, early Q (96 KiB a
-// block). Entries [3]: tuning entries until measured (stop 32). Producer registers: 40 (consumers
-// 232) where the consumers fit that without spilling, else 24 (consumers 240), where ptxas spills a
-// few bytes in the producer's single TMA thread (under 24 the published work unit and the tile walk
-// no longer fit); 32 with three consumer warpgroups. Measured and removed (benchmarks/NOTES.md,
-// stops 24-30): the two-warpgroup tile at head dim 64 with FMA-pipe exponentials (its registers
-// serialised its wgmmas), the tiles without a lean start, an overlapped tile boundary (the next
-// tile's first S GEMM under the epilogue: 0.90-0.95x the default in three runs; at 2 stages the
-// next tile's first K lands after the last P V it should hide behind; commit 7aaaa7a has it) and a
-// lean mask (masked blocks through the fused FFMA: 0.98-1.02x).
-inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true},
-                                           {2, 128, 3, 2, 40, true},
-                                           {2, 128, 3, 2, 40, true, true},
-                                           {1, 128, 2, 2, 40, true, false, 2}};
-inline constexpr ForwardTile kTiles128[] = {{2, 128, 2, 2, 40, true},
-                                            {2, 128, 3, 1, 40},
-                                            {2, 128, 2, 2, 40, true, true},
-                                            {1, 64, 2, 2, 40, true, true, 2}};
+// 1 with ForwardTile::early_q. Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a
+// lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run);
+// [1] 3 stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against
+// TMA latency. (A third stage of K alone, with two Q buffers, measured 0.99-1.00x the default at
+// S <= 2k and slower on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands
+// in time.) [2] entry 0 with ForwardTile::early_q, which short problems run. Producer registers: 40
+// (consumers 232) where the consumers fit that without spilling, else 24 (consumers 240), where
+// ptxas spills a few bytes in the producer's single TMA thread (under 24 the published work unit
+// and the tile walk no longer fit); 32 with three consumer warpgroups. Measured and removed
+// (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64 with FMA-pipe
+// exponentials (its registers serialised its wgmmas), the tiles without a lean start, an overlapped
+// tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x the default in three
+// runs; at 2 stages the next tile's first K lands after the last P V it should hide behind; commit
+// 7aaaa7a has it) and a lean mask (masked blocks through the fused FFMA: 0.98-1.02x).
+inline constexpr ForwardTile kTiles64[] = {
+    {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, true}};
+inline constexpr ForwardTile kTiles128[] = {
+    {2, 128, 2, 2, 40, true}, {2, 128, 3, 1, 40}, {2, 128, 2, 2, 40, true, true}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,

@@ -26,28 +26,22 @@ inline constexpr int kFirstTurnBarrier = 1;
 
 template <int kConsumerWarpgroups>
 struct TurnBarrier {
-  int warpgroup;  // 0 .. kConsumerWarpgroups - 1
-  // false: no turns (ForwardKernelOptions::pingpong); a block of one consumer warpgroup has
-  // nobody to take turns with.
-  bool enabled_at_run_time;
+  int warpgroup;                            // 0 .. kConsumerWarpgroups - 1
+  bool enabled;                             // false: no turns (ForwardKernelOptions::pingpong)
   static constexpr int kThreads = 2 * 128;  // the waiting warpgroup and the one arriving
-
-  __device__ __forceinline__ bool enabled() const {
-    return kConsumerWarpgroups > 1 && enabled_at_run_time;
-  }
 
   // Warpgroup 0 takes the first turn: the last warpgroup hands it over before any tile.
   __device__ __forceinline__ void start() const {
-    if (enabled() && warpgroup == kConsumerWarpgroups - 1) {
+    if (enabled && warpgroup == kConsumerWarpgroups - 1) {
       named_barrier_arrive(kFirstTurnBarrier, kThreads);
     }
   }
   __device__ __forceinline__ void wait() const {
-    if (enabled()) named_barrier_sync(kFirstTurnBarrier + warpgroup, kThreads);
+    if (enabled) named_barrier_sync(kFirstTurnBarrier + warpgroup, kThreads);
   }
   __device__ __forceinline__ void pass() const {
     const int next = warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
-    if (enabled()) named_barrier_arrive(kFirstTurnBarrier + next, kThreads);
+    if (enabled) named_barrier_arrive(kFirstTurnBarrier + next, kThreads);
   }
 };
 
@@ -115,7 +109,7 @@ __device__ __forceinline__ void consumer_loop(
   // after its next tile's first block: with one Q buffer that would hold back the next tile's
   // Q, so two buffers only. Not with three consumer warpgroups either: under their 128-register
   // launch bound ptxas spilled 64 bytes. supports() has required TMA-compatible O strides.
-  constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups <= 2;
+  constexpr bool kCanStageO = Traits::kQBuffers > 1 && Traits::kConsumerWarpgroups == 2;
   // A varlen tile's last rows belong to the next sequence, which a TMA store (clipped only at
   // the tensor's end) would overwrite: varlen stores from registers, row by row, as does an fp32
   // output (the fixed pattern's summary part).

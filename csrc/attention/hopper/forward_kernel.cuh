@@ -1,11 +1,11 @@
 // Internal: the Hopper (sm_90a) attention forward, fp16/bf16, on wgmma and TMA, written with
 // CuTe (from the nvidia-cutlass headers) as a library.
 //
-// A persistent kernel: at most ForwardTile::blocks_per_sm blocks per SM, each taking query tiles
-// (kBlockM rows of one (batch, head)) in the order of forward_scheduler.h until none is left.
-// Warpgroup 0 is the producer (forward_producer.cuh): it gives most of its registers away
-// (setmaxnreg), one of its threads issues every TMA copy, another takes the block's next work unit
-// and, in block-sparse calls, a third warp reads the block map (forward_key_blocks.cuh). The other
+// A persistent kernel: at most one block per SM, each taking query tiles (kBlockM rows of one
+// (batch, head)) in the order of forward_scheduler.h until none is left. Warpgroup 0 is the
+// producer (forward_producer.cuh): it gives most of its registers away (setmaxnreg), one of
+// its threads issues every TMA copy, another takes the block's next work unit and, in
+// block-sparse calls, a third warp reads the block map (forward_key_blocks.cuh). The other
 // warpgroups are the consumers (forward_consumer.cuh): 64 query rows each, wgmma for S = Q K^T and
 // O += P V, the online softmax in registers, ping-pong turns between them, and the output staged in
 // shared memory and stored by TMA (or stored from registers when a Q buffer cannot be spared). Key
@@ -31,11 +31,10 @@
 
 namespace samattn::hopper {
 
-// __launch_bounds__(threads, blocks per SM) caps registers at entry so setmaxnreg can move them
-// from the producer warpgroup to the consumers.
+// __launch_bounds__(threads, 1) caps registers at entry so setmaxnreg can move them from the
+// producer warpgroup to the consumers.
 template <typename Element, int kHeadDim, int kVariant>
-__global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kThreads,
-                                  KernelTraits<Element, kHeadDim, kVariant>::kTile.blocks_per_sm)
+__global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kThreads, 1)
     forward_kernel(
         const __grid_constant__ HopperForwardParams<Element, kHeadDim, kVariant> params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)

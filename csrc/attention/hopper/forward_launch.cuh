@@ -107,18 +107,8 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   TileSchedule schedule =
       make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
   const ForwardKernelOptions options = forward_options_from_environment();
-  const auto kernel = forward_kernel<Element, kHeadDim, kVariant>;
-  // Beyond 48 KiB a block must opt in; supports() has checked the device's limit.
-  detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-  // The persistent grid's slots: as many blocks per SM as the tile asks for and the SM holds.
-  int resident = 1;
-  if constexpr (Traits::kTile.blocks_per_sm > 1) {
-    SAMATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &resident, kernel, Traits::kThreads, Traits::kSmemBytes));
-    resident = std::clamp(resident, 1, Traits::kTile.blocks_per_sm);
-  }
-  const int slots = detail::current_device_info().multiprocessors * resident;
-  int32_t* counter = options.dynamic_schedule && schedule.units > slots
+  const int sms = detail::current_device_info().multiprocessors;
+  int32_t* counter = options.dynamic_schedule && schedule.units > sms
                          ? detail::stream_work_counter(stream)  // null while a graph is captured
                          : nullptr;
   // Varlen units cost what their sequences' lengths (on the device) make them: without a work
@@ -129,7 +119,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       (options.varlen_block_per_unit || (options.dynamic_schedule && counter == nullptr));
   // supports() has bounded the units by 2^30, within the grid's limit.
   const unsigned blocks =
-      static_cast<unsigned>(schedule.units < slots || block_per_unit ? schedule.units : slots);
+      static_cast<unsigned>(schedule.units < sms || block_per_unit ? schedule.units : sms);
   schedule.counter = block_per_unit ? nullptr : counter;  // one unit per block: nothing to balance
   const int64_t heads_kv = p.heads_q / p.group_size;
 
@@ -201,6 +191,9 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
                     Shape<typename Traits::OStageRows, typename Traits::HeadDim>{}, _1{}),
   };
 
+  const auto kernel = forward_kernel<Element, kHeadDim, kVariant>;
+  // Beyond 48 KiB a block must opt in; supports() has checked the device's limit.
+  detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   if (blocks == 0) return;
 #if defined(SAMATTN_HOPPER_TRACE)
   params.trace = detail_launch::trace_buffer(blocks, 1 + Traits::kConsumerWarpgroups, stream);

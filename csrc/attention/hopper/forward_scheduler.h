@@ -1,10 +1,9 @@
 // Internal: which query tiles each block of the persistent Hopper forward computes, and in what
 // order. Plain C++ (host and device) so the launcher sizes the grid from the same numbers.
 //
-// The grid has at most ForwardTile::blocks_per_sm blocks per SM (varlen without a work counter:
-// one block per unit, see ForwardKernelOptions). Block c starts with work unit c. Units are
-// numbered head by head, so the blocks running at one time share few (batch, head) pairs and their
-// K and V stay in L2.
+// The grid has at most one block per SM (varlen without a work counter: one block per unit, see
+// ForwardKernelOptions). Block c starts with work unit c. Units are numbered head by head, so the
+// blocks running at one time share few (batch, head) pairs and their K and V stay in L2.
 //  - Without causal masking a unit is one query tile; all cost the same.
 //  - With causal masking query tile m of a head sees m + 1 key blocks (for square tiles), so a
 //    unit pairs tile m_blocks - 1 - p (the heavier, run first) with tile p: every pair costs
