@@ -108,7 +108,7 @@ static_assert(kDsReadyBarrier + 2 * kDsReadyCycle <=
 
 // kAlternateDq: one warpgroup computes a step's whole dQ, the two taking turns; false: both
 // compute half of it after meeting at a barrier (backward_config.h says which one each head dim
-// runs). dK and dV leave through shared memory by TMA store: stop 32 measured it at 0.91-0.95 of
+// runs). dK and dV leave through shared memory by TMA store: stop 32 measured it at 0.91-0.94 of
 // the time of 4-byte stores from registers at S = 1k (the epilogue's 64 scalar stores of each
 // per thread were 4.1% of the stall samples at S = 4k, stop 30's ncu; at S = 1k a block has a
 // quarter of the steps to hide them behind).
@@ -247,9 +247,9 @@ struct Traits {
 
   // Each consumer warp stages its 16 key rows of dV, then of dK, in the same rows of V's tile (a
   // warpgroup's own 64 rows of V are read only by its own dP^T GEMMs, all done by then) and
-  // stores them by TMA. Rows 16 j .. 16 j + 15 of the tile have the layout of rows
-  // 0 .. 15 (the swizzle atoms stack along the rows first, and 16 rows are whole 1024-byte
-  // swizzle periods), so one descriptor serves every warp.
+  // stores them by TMA. Rows 16 j .. 16 j + 15 of the tile have the layout of rows 0 .. 15 (the
+  // swizzle atoms stack along the rows first, and 16 rows are whole 1024-byte swizzle periods),
+  // so one descriptor serves every warp.
   using StoreRows = cute::_16;
   using SmemLayoutStore = decltype(cute::composition(
       SmemLayoutKV{},
@@ -430,10 +430,10 @@ __device__ __forceinline__ void reduce_staged_dq(float* chunk, const float* stag
   }
 }
 
-// dV, then dK times the softmax scale, of the warp's 16 key rows, each rounded to
-// the element type, staged by stmatrix in the warp's rows of V's tile and stored by one TMA copy
-// that the warp's first lane issues and waits to have read (before the rows are written again,
-// and before the block exits). Keys past kept_keys lie outside the descriptors' extent: the copy
+// dV, then dK times the softmax scale, of the warp's 16 key rows, each rounded to the element
+// type, staged by stmatrix in the warp's rows of V's tile and stored by one TMA copy that the
+// warp's first lane issues and waits to have read (before the rows are written again, and
+// before the block exits). Keys past kept_keys lie outside the descriptors' extent: the copy
 // engine skips them; logical key n is physical row n * kv_stride through the descriptors' row
 // stride.
 template <typename T, typename SmemTensor, typename Mma, typename Accumulator>
