@@ -5,7 +5,9 @@ H=16, B*S = 16k tokens).
 Each implementation's forward runs once outside the timed region; the timed call is
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), i.e. exactly the backward kernels
 of that implementation plus the gradient allocations, timed with CUDA events (warm-up, median of
->= 10 calls; samattn.bench.timing.measure). FLOPs = 2.5 x the forward's 4*B*H*S*S*D, halved when
+>= 10 calls), every implementation of a shape in alternating rounds (--rounds, default 3;
+samattn.bench.timing.measure_interleaved), so that the GPU's clock drift during the run is shared
+among them instead of falling on whichever runs last. FLOPs = 2.5 x the forward's 4*B*H*S*S*D, halved when
 causal (the convention of FlashAttention's benchmarks). Before timing, every implementation's
 gradients are compared with FA2's on the same inputs: one whose max |dX - dX_FA2| / max |dX_FA2|
 exceeds 5e-2 for any gradient is reported as wrong, not timed.
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import samattn
-from samattn.bench.timing import measure
+from samattn.bench.timing import measure_interleaved
 
 WRONG_ABOVE = 5e-2
 
@@ -121,6 +123,8 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     parser.add_argument("--deterministic", action="store_true",
                         help="also time the Hopper backward with deterministic dq")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds over the implementations of a shape")
     parser.add_argument("--budget-ms", type=float, default=300.0,
                         help="measured time per implementation and shape")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],
@@ -169,9 +173,9 @@ def main(argv=None):
                         row[name + "_ms"] = row[name + "_tflops"] = float("nan")
                 impls = {n: impl for n, impl in impls.items() if n not in args.skip}
                 reference = None
+                calls = {}  # the implementations whose gradients passed, to be timed
                 for name in ["fa2"] + [n for n in impls if n != "fa2"]:
                     forward, deterministic, setting = impls[name]
-                    call = None
                     try:
                         with environment(setting):
                             call = gradients(forward, q, k, v, dout, deterministic)
@@ -186,17 +190,22 @@ def main(argv=None):
                                     raise RuntimeError(f"wrong gradients: max rel diff vs FA2 "
                                                        f"{diff:.3e}")
                             del grads
-                            t = measure([call], min_reps=10, max_reps=50, budget_ms=args.budget_ms)
-                            row[name + "_ms"] = t.median_ms
-                            row[name + "_min_ms"] = t.min_ms
-                            row[name + "_max_ms"] = t.max_ms
-                            row[name + "_tflops"] = flops / t.median_ms / 1e9
+                            calls[name] = call
                     except (RuntimeError, ValueError) as error:  # unavailable here, or wrong
                         row[name + "_ms"] = float("nan")
                         row[name + "_tflops"] = float("nan")
                         row[name + "_error"] = str(error).splitlines()[0][:200]
-                    del call
-                    torch.cuda.empty_cache()
+                timings = measure_interleaved(
+                    {name: [call] for name, call in calls.items()}, rounds=args.rounds,
+                    min_reps=10, budget_ms=args.budget_ms,
+                    around=lambda name: environment(impls[name][2]))
+                for name, t in timings.items():
+                    row[name + "_ms"] = t.median_ms
+                    row[name + "_min_ms"] = t.min_ms
+                    row[name + "_max_ms"] = t.max_ms
+                    row[name + "_tflops"] = flops / t.median_ms / 1e9
+                del calls
+                torch.cuda.empty_cache()
                 # "ours": what samattn runs by default (backend="auto") for this shape.
                 auto = samattn.selected_backend(q, k, v, causal=causal, backward=True)
                 row["ours_backend"] = auto
