@@ -10,13 +10,14 @@ memory or its work-counter schedule switched off
 (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
-{64, 128}, causal and not, plus (2, 16, 4096, 256); the strided configuration (4, 16, 4096, 128)
-with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and FlexAttention with a
-`kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the ceiling of the run.
-Every method's output is first compared with SDPA flash's on the same inputs (a wrong kernel is
-reported, not timed). Timing: CUDA events, warm-up, inputs rotated past the L2 cache, median of
-at least 10 runs and --budget-ms of measured time per method, taken in --rounds alternating
-rounds over the shape's methods so that clock drift during the run falls on all of them
+{64, 128}, causal and not, plus (2, 16, 4096, 256) and, in builds that have their Hopper kernels (a
+tuning build, until their first GPU check), (4, 16, 4096, 96) and (2, 16, 4096, 192); the strided
+configuration (4, 16, 4096, 128) with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and
+FlexAttention with a `kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the
+ceiling of the run. Every method's output is first compared with SDPA flash's on the same inputs (a
+wrong kernel is reported, not timed). Timing: CUDA events, warm-up, inputs rotated past the L2
+cache, median of at least 10 runs and --budget-ms of measured time per method, taken in --rounds
+alternating rounds over the shape's methods so that clock drift during the run falls on all of them
 (samattn.bench.timing.measure_interleaved).
 
     python3 benchmarks/bench_hopper_forward.py --out $OUT/hopper_forward.json
@@ -46,15 +47,21 @@ HEADS = 16
 WRONG_ABOVE = 2e-2
 
 
-def configs(dtype: str, seqlens):
+# The batch of the single-length rows of head dims 256, 96 and 192 (S = 4096).
+BATCH_AT_4K = {96: 4, 192: 2, 256: 2}
+
+
+def configs(dtype: str, seqlens, extra_head_dims=()):
     rows = []
     for seqlen in seqlens:
         for head_dim in (64, 128):
             for causal in (False, True):
                 rows.append(AttentionConfig(TOKENS // seqlen, HEADS, seqlen, head_dim, dtype,
                                             causal))
-    for causal in (False, True):
-        rows.append(AttentionConfig(2, HEADS, 4096, 256, dtype, causal))
+    for head_dim in (256, *extra_head_dims):
+        for causal in (False, True):
+            rows.append(AttentionConfig(BATCH_AT_4K[head_dim], HEADS, 4096, head_dim, dtype,
+                                        causal))
     return rows
 
 
@@ -121,6 +128,21 @@ def methods_for(cfg: AttentionConfig) -> dict:
             return name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
         return True
     return {name: run for name, run in METHODS.items() if wanted(name)}
+
+
+def hopper_head_dims_available(head_dims) -> list:
+    """The head dims among `head_dims` that this build's Hopper forward has (96 and 192: tuning
+    builds only, until their first GPU check)."""
+    available = []
+    for head_dim in head_dims:
+        q = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+        try:
+            samattn.selected_backend(q, q, q, backend="hopper")
+            available.append(head_dim)
+        except ValueError as error:
+            print(f"head dim {head_dim} not measured: {str(error).splitlines()[0][:160]}",
+                  flush=True)
+    return available
 
 
 def tiles_available() -> bool:
@@ -366,7 +388,7 @@ def main(argv=None) -> int:
     }
     result["cublas_8192_tflops"] = cublas_tflops(DTYPES[args.dtype])
     print(f"cuBLAS {args.dtype} 8192^3: {result['cublas_8192_tflops']:.1f} TFLOPS", flush=True)
-    for cfg in configs(args.dtype, args.seqlens):
+    for cfg in configs(args.dtype, args.seqlens, hopper_head_dims_available((96, 192))):
         row = bench(cfg, args.min_reps, args.budget_ms)
         result["rows"].append(row)
         cells = []

@@ -63,16 +63,17 @@ def test_forward_matches_reference(name, dtype, backend):
     assert_close(lse, ref_lse, torch.float64 if dtype == torch.float64 else torch.float32)
 
 
-def hopper_skip_reason():
-    """Why backend="hopper" cannot run here ("" when it can): it needs a compute capability 9.0
-    GPU and a build with the sm_90a kernels."""
+def hopper_skip_reason(head_dim=64):
+    """Why backend="hopper" cannot run a bf16 call of this head dim here ("" when it can): it
+    needs a compute capability 9.0 GPU and a build with the sm_90a kernels (head dims 96 and 192:
+    a tuning build, until their first GPU check)."""
     if torch.cuda.get_device_capability() != (9, 0):
         return "no compute capability 9.0 GPU"
-    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
     try:
         samattn.selected_backend(q, q, q, backend="hopper")
     except (RuntimeError, ValueError) as error:
-        if "sm_90a kernels were not compiled" in str(error):
+        if "sm_90a kernels were not compiled" in str(error) or "in this build" in str(error):
             return f"hopper backend unavailable: {error}"
         # On a 9.0 GPU with the kernels built, a plain bf16 call must be able to take Hopper: any
         # other refusal is a bug, not a reason to skip.
@@ -80,10 +81,10 @@ def hopper_skip_reason():
     return ""
 
 
-# The scenarios the Hopper kernel supports (fp16/bf16, head dims 64, 128, 256, dv = d), plus
-# shapes that stress its 128-row query tiles and 128- or 64-key stages.
+# The scenarios the Hopper kernel supports (fp16/bf16, head dims 64, 96, 128, 192, 256, dv = d),
+# plus shapes that stress its 128-row query tiles and 128- or 80-key stages.
 HOPPER_SCENARIOS = {name: sc for name, sc in SCENARIOS.items()
-                    if sc["shape"][5] in (64, 128, 256) and "head_dim_v" not in sc}
+                    if sc["shape"][5] in (64, 96, 128, 192, 256) and "head_dim_v" not in sc}
 HOPPER_SCENARIOS.update({
     "strided3_causal_d128": dict(shape=(1, 4, 2, 300, 700, 128), kv_stride=3, causal=True),
     "sq1000_sk129_d256": dict(shape=(1, 2, 2, 1000, 129, 256)),
@@ -94,16 +95,19 @@ HOPPER_SCENARIOS.update({
     "persistent_causal_odd_stride3_d64": dict(shape=(2, 32, 32, 589, 589, 64), kv_stride=3,
                                               causal=True),
     "single_tile_d256": dict(shape=(1, 1, 1, 128, 80, 256)),
+    "strided2_gqa_causal_d96": dict(shape=(1, 8, 2, 300, 300, 96), kv_stride=2, causal=True),
+    "sq1000_sk129_causal_d192": dict(shape=(1, 2, 2, 1000, 129, 192), causal=True),
+    "bshd_gqa_d192": dict(shape=(2, 8, 2, 257, 300, 192), layout="bshd"),
 })
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", list(HOPPER_SCENARIOS))
 def test_forward_hopper_matches_reference(name, dtype):
-    reason = hopper_skip_reason()
+    sc = dict(HOPPER_SCENARIOS[name])
+    reason = hopper_skip_reason(sc["shape"][5])
     if reason:
         pytest.skip(reason)
-    sc = dict(HOPPER_SCENARIOS[name])
     batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = sc.pop("shape")
     q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype=dtype,
                        device="cuda", layout=sc.pop("layout", "bhsd"), seed=hash(name) % 2**31)

@@ -7,14 +7,22 @@
 
 namespace samattn::hopper {
 
-// Head dimensions with an instantiation (fp16 and bf16; q and v share it).
-inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+// Head dimensions with an instantiation (fp16 and bf16; q and v share it). 96 runs head dim 128's
+// tile table and 192 head dim 256's (forward_tile).
+inline constexpr int kSupportedHeadDims[] = {64, 96, 128, 192, 256};
 
 constexpr bool is_supported_head_dim(int64_t head_dim) {
   for (int d : kSupportedHeadDims) {
     if (d == head_dim) return true;
   }
   return false;
+}
+
+// Whether a build without SAMATTN_HOPPER_TUNING compiles the head dim's kernels: 96 and 192 are
+// built with -DSAMATTN_HOPPER_TUNING=ON only, until their first GPU check (added in stop 32;
+// other builds run them on the sm80 path).
+constexpr bool head_dim_in_every_build(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
 // One block = one producer warpgroup (a single thread issues every TMA copy) and
@@ -151,9 +159,10 @@ constexpr int tile_variant_for_shape(int64_t head_dim, bool causal, int64_t seql
 // Whether a build without SAMATTN_HOPPER_TUNING compiles the entry (CMakeLists.txt instantiates
 // the same entries).
 constexpr bool tile_in_every_build(int64_t head_dim, int variant) {
-  return variant == default_tile_variant(head_dim) ||
-         (head_dim <= 64 && variant == kShortCausalTile64) ||
-         (head_dim > 64 && head_dim <= 128 && variant == kShortTile128);
+  return head_dim_in_every_build(head_dim) &&
+         (variant == default_tile_variant(head_dim) ||
+          (head_dim <= 64 && variant == kShortCausalTile64) ||
+          (head_dim > 64 && head_dim <= 128 && variant == kShortTile128));
 }
 
 // The caller keeps variant within [0, tile_variants(head_dim)).

@@ -32,6 +32,16 @@ constexpr bool tile_compiled(int64_t head_dim, int variant) {
 #endif
 }
 
+// Whether this build has the head dim's kernels (head_dim_in_every_build's, or with
+// SAMATTN_HOPPER_TUNING every supported one).
+constexpr bool head_dim_compiled(int64_t head_dim) {
+#ifdef SAMATTN_HOPPER_TUNING
+  return is_supported_head_dim(head_dim);
+#else
+  return head_dim_in_every_build(head_dim);
+#endif
+}
+
 #ifdef SAMATTN_HAVE_SM90
 // A block map on the Hopper forward (forward_key_blocks.cuh): each consumer warpgroup's 64 rows
 // lie in one map row, each key block in one map column, and the listed key blocks fit the
@@ -101,6 +111,11 @@ Status supports(const AttentionParams& p) {
   if (!is_supported_head_dim(p.head_dim)) {
     return unsupported(detail::concat(
         "head_dim ", p.head_dim, " (supported: ", detail::comma_list(kSupportedHeadDims), ")"));
+  }
+  if (!head_dim_compiled(p.head_dim)) {
+    return unsupported(detail::concat("head_dim ", p.head_dim,
+                                      " in this build (its kernels are built only with "
+                                      "-DSAMATTN_HOPPER_TUNING=ON until their first GPU check)"));
   }
   const detail::DeviceInfo& device = detail::current_device_info();
   if (device.major != 9 || device.minor != 0) {
@@ -238,8 +253,12 @@ void dispatch_head_dim(const detail::ForwardKernelParams& params, cudaStream_t s
   switch (params.head_dim) {
     case 64:
       return dispatch_variant<kDType, 64>(variant, params, stream);
+    case 96:
+      return dispatch_variant<kDType, 96>(variant, params, stream);
     case 128:
       return dispatch_variant<kDType, 128>(variant, params, stream);
+    case 192:
+      return dispatch_variant<kDType, 192>(variant, params, stream);
     case 256:
       return dispatch_variant<kDType, 256>(variant, params, stream);
   }
