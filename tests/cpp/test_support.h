@@ -278,11 +278,10 @@ inline std::string sm90_skip_reason() {
   return "";
 }
 
-// Why the Hopper tests cannot run here, or "" when they can: they need a compute capability 9.0
-// GPU and a library built with the sm_90a kernels (SAMATTN_HAVE_SM90). On such a GPU any other
-// refusal of a plain bf16 call is a bug, and the tests fail instead of skipping.
-// Why the Hopper forward cannot run a plain bf16 call of this head dim here ("" when it can): no
-// compute capability 9.0 GPU, or a build without its kernels. Any other refusal fails the test.
+// Why the Hopper forward cannot run a plain bf16 call of this head dim here, or "" when it can:
+// it needs a compute capability 9.0 GPU and a library built with the sm_90a kernels
+// (SAMATTN_HAVE_SM90; head dims 96 and 192: a tuning build). On such a GPU any other refusal is
+// a bug, and the tests fail instead of skipping.
 inline std::string hopper_skip_reason(int64_t head_dim = 64) {
   const std::string no_sm90 = sm90_skip_reason();
   if (!no_sm90.empty()) return no_sm90;
