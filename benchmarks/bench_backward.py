@@ -3,14 +3,14 @@ SDPA's FlashAttention-2 and cuDNN backwards, in one process, on the same inputs 
 H=16, B*S = 16k tokens).
 
 Each implementation's forward runs once outside the timed region; the timed call is
-torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), i.e. exactly the backward kernels
-of that implementation plus the gradient allocations, timed with CUDA events (warm-up, median of
->= 10 calls), every implementation of a shape in alternating rounds (--rounds, default 3;
+torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), i.e. exactly the backward kernels of
+that implementation plus the gradient allocations, timed with CUDA events (warm-up, median of >= 10
+calls), every implementation of a shape in alternating rounds (--rounds, default 3;
 samattn.bench.timing.measure_interleaved), so that the GPU's clock drift during the run is shared
-among them instead of falling on whichever runs last. FLOPs = 2.5 x the forward's 4*B*H*S*S*D, halved when
-causal (the convention of FlashAttention's benchmarks). Before timing, every implementation's
-gradients are compared with FA2's on the same inputs: one whose max |dX - dX_FA2| / max |dX_FA2|
-exceeds 5e-2 for any gradient is reported as wrong, not timed.
+among them instead of falling on whichever runs last. FLOPs = 2.5 x the forward's 4*B*H*S*S*D,
+halved when causal (the convention of FlashAttention's benchmarks). Before timing, every
+implementation's gradients are compared with FA2's on the same inputs: one whose max |dX - dX_FA2|
+/ max |dX_FA2| exceeds 5e-2 for any gradient is reported as wrong, not timed.
 
   samattn-hopper: samattn.attention(..., backend="hopper")      (Hopper forward and backward)
   samattn-sm80:   samattn.attention(..., backend="tensor_core") (sm80 forward and backward)
