@@ -178,26 +178,45 @@ TEST(HopperTileTables, ShortProblemsTakeTheirOwnTiles) {
   EXPECT_EQ(forward_tile(64, default_tile_variant(64)).consumer_warpgroups, 3);
   EXPECT_TRUE(tile_in_every_build(64, kShortCausalTile64));
   EXPECT_TRUE(tile_in_every_build(64, default_tile_variant(64)));
-  EXPECT_EQ(tile_variant_for_shape(64, true, 512, 512, 1), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1024, 1), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1, 1000, 1), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1024, 4), kShortCausalTile64);
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1025, 1024, 1), default_tile_variant(64));
-  EXPECT_EQ(tile_variant_for_shape(64, true, 1024, 1025, 1), default_tile_variant(64));
-  EXPECT_EQ(tile_variant_for_shape(64, false, 512, 512, 1), default_tile_variant(64));
-
+  struct ShapeCase {
+    int64_t head_dim;
+    bool causal;
+    int64_t seqlen_q, kept_keys, kv_stride;
+    int expected;
+  };
+  const int default64 = default_tile_variant(64), default128 = default_tile_variant(128);
+  const ShapeCase shapes[] = {
+      {64, true, 512, 512, 1, kShortCausalTile64},
+      {64, true, 1024, 1024, 1, kShortCausalTile64},
+      {64, true, 1, 1000, 1, kShortCausalTile64},
+      {64, true, 1024, 1024, 4, kShortCausalTile64},
+      {64, true, 1025, 1024, 1, default64},
+      {64, true, 1024, 1025, 1, default64},
+      {64, false, 512, 512, 1, default64},
+      {128, false, 512, 512, 1, kShortTile128},
+      {128, true, 512, 512, 1, kShortTile128},
+      {128, false, 2048, 2048, 1, kShortTile128},
+      {128, true, 2048, 2048, 1, kShortTile128},
+      {128, false, 1, 2000, 1, kShortTile128},
+      {128, true, 1, 2000, 1, kShortTile128},
+      {128, false, 2049, 2048, 1, default128},
+      {128, true, 2049, 2048, 1, default128},
+      {128, false, 2048, 2049, 1, default128},
+      {128, true, 2048, 2049, 1, default128},
+      {128, false, 1024, 1024, 4, default128},
+      {128, true, 1024, 1024, 4, default128},
+      {256, true, 512, 512, 1, default_tile_variant(256)},
+  };
+  for (const ShapeCase& s : shapes) {
+    EXPECT_EQ(tile_variant_for_shape(s.head_dim, s.causal, s.seqlen_q, s.kept_keys, s.kv_stride),
+              s.expected)
+        << "head dim " << s.head_dim << (s.causal ? " causal" : "") << " " << s.seqlen_q << " x "
+        << s.kept_keys << " kv_stride " << s.kv_stride;
+  }
   EXPECT_TRUE(forward_tile(128, kShortTile128).early_q);
   EXPECT_FALSE(forward_tile(128, default_tile_variant(128)).early_q);
   EXPECT_TRUE(tile_in_every_build(128, kShortTile128));
   EXPECT_TRUE(tile_in_every_build(128, default_tile_variant(128)));
-  for (bool causal : {false, true}) {
-    EXPECT_EQ(tile_variant_for_shape(128, causal, 512, 512, 1), kShortTile128);
-    EXPECT_EQ(tile_variant_for_shape(128, causal, 2048, 2048, 1), kShortTile128);
-    EXPECT_EQ(tile_variant_for_shape(128, causal, 1, 2000, 1), kShortTile128);
-    EXPECT_EQ(tile_variant_for_shape(128, causal, 2049, 2048, 1), default_tile_variant(128));
-    EXPECT_EQ(tile_variant_for_shape(128, causal, 2048, 2049, 1), default_tile_variant(128));
-    EXPECT_EQ(tile_variant_for_shape(128, causal, 1024, 1024, 4), default_tile_variant(128));
-  }
   for (int variant = 0; variant < tile_variants(128); ++variant) {
     EXPECT_EQ(tile_in_every_build(128, variant),
               variant == default_tile_variant(128) || variant == kShortTile128);
@@ -213,7 +232,6 @@ TEST(HopperTileTables, ShortProblemsTakeTheirOwnTiles) {
       EXPECT_FALSE(tile_in_every_build(d, variant)) << d << " " << variant;
     }
   }
-  EXPECT_EQ(tile_variant_for_shape(256, true, 512, 512, 1), default_tile_variant(256));
   for (int variant = 0; variant < tile_variants(256); ++variant) {
     EXPECT_EQ(tile_in_every_build(256, variant), variant == default_tile_variant(256));
   }

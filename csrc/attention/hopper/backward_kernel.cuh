@@ -453,11 +453,7 @@ __device__ __forceinline__ void store_gradients_by_tma(const KernelParams<T>& pa
   Tensor warp_rows = local_tile(sV, RowsTile{}, make_coord(warp, _0{}));
   auto store = [&](const auto& tma, const Accumulator& values, float scale) {
     Tensor rounded = make_tensor_like<Element>(values);
-    uint32_t* pairs = reinterpret_cast<uint32_t*>(raw_pointer_cast(rounded.data()));
-    CUTE_UNROLL
-    for (int i = 0; i < size(values); i += 2) {
-      pairs[i / 2] = pack_pair<Element>(values(i) * scale, values(i + 1) * scale);
-    }
+    convert_pairs<Element>(values, rounded, scale);
     copy(stage_copy, thread_stage.retile_S(rounded), staged);
     cutlass::arch::fence_view_async_shared();  // the stores, before the copy engine reads them
     __syncwarp();

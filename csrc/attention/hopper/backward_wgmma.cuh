@@ -65,14 +65,14 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
   }
 }
 
-// Rounds an fp32 accumulator fragment pairwise into a 16-bit fragment with the same element
-// order (the A operand of the next wgmma).
+// Rounds an fp32 accumulator fragment, times `scale`, pairwise into a 16-bit fragment with the
+// same element order (the A operand of the next wgmma, or dK / dV for their store).
 template <typename Element, typename TAcc, typename TOut>
-__device__ __forceinline__ void convert_pairs(const TAcc& acc, TOut& out) {
+__device__ __forceinline__ void convert_pairs(const TAcc& acc, TOut& out, float scale = 1.f) {
   uint32_t* pairs = reinterpret_cast<uint32_t*>(cute::raw_pointer_cast(out.data()));
   CUTE_UNROLL
   for (int i = 0; i < cute::size(acc) / 2; ++i) {
-    pairs[i] = pack_pair<Element>(acc(2 * i), acc(2 * i + 1));
+    pairs[i] = pack_pair<Element>(acc(2 * i) * scale, acc(2 * i + 1) * scale);
   }
 }
 

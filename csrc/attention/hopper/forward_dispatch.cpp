@@ -32,16 +32,6 @@ constexpr bool tile_compiled(int64_t head_dim, int variant) {
 #endif
 }
 
-// Whether this build has the head dim's kernels (head_dim_in_every_build's, or with
-// SAMATTN_HOPPER_TUNING every supported one).
-constexpr bool head_dim_compiled(int64_t head_dim) {
-#ifdef SAMATTN_HOPPER_TUNING
-  return is_supported_head_dim(head_dim);
-#else
-  return head_dim_in_every_build(head_dim);
-#endif
-}
-
 #ifdef SAMATTN_HAVE_SM90
 // A block map on the Hopper forward (forward_key_blocks.cuh): each consumer warpgroup's 64 rows
 // lie in one map row, each key block in one map column, and the listed key blocks fit the
@@ -112,7 +102,8 @@ Status supports(const AttentionParams& p) {
     return unsupported(detail::concat(
         "head_dim ", p.head_dim, " (supported: ", detail::comma_list(kSupportedHeadDims), ")"));
   }
-  if (!head_dim_compiled(p.head_dim)) {
+  // Head dims 96 and 192: only a tuning build has their kernels (head_dim_in_every_build).
+  if (!tile_compiled(p.head_dim, default_tile_variant(p.head_dim))) {
     return unsupported(detail::concat("head_dim ", p.head_dim,
                                       " in this build (its kernels are built only with "
                                       "-DSAMATTN_HOPPER_TUNING=ON until their first GPU check)"));
