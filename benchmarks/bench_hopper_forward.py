@@ -10,8 +10,8 @@ memory or its work-counter schedule switched off
 (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
-{64, 128}, causal and not, plus (2, 16, 4096, 256) and, in builds that have their Hopper kernels (a
-tuning build, until their first GPU check), (4, 16, 4096, 96) and (2, 16, 4096, 192); the strided
+{64, 128}, causal and not, plus (2, 16, 4096, 256), (4, 16, 4096, 96) and (2, 16, 4096, 192) where
+the Hopper forward takes them; the strided
 configuration (4, 16, 4096, 128) with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and
 FlexAttention with a `kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the
 ceiling of the run. Every method's output is first compared with SDPA flash's on the same inputs (a
@@ -131,8 +131,8 @@ def methods_for(cfg: AttentionConfig) -> dict:
 
 
 def hopper_head_dims_available(head_dims) -> list:
-    """The head dims among `head_dims` that this build's Hopper forward has (96 and 192: tuning
-    builds only, until their first GPU check)."""
+    """The head dims among `head_dims` that this build's Hopper forward takes (a build from before
+    stop 33 ran 96 and 192 on the sm80 path)."""
     available = []
     for head_dim in head_dims:
         q = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)

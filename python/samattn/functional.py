@@ -124,10 +124,10 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     their contents are the caller's contract: the kernels clamp them, so invalid ones cannot
     make them touch memory outside the tensors, but give undefined values). CPU cu_seqlens are
     checked. The CUDA-core kernels (other dtypes) run one launch per sequence after one host read.
-    On compute capability 9.0 the forward runs the Hopper kernel (head dims 64, 128, 256); its
-    last key block of a sequence is read from the packed k and v, past the sequence's end, and
-    masked (as FlashAttention-3 does): the masked keys' weights are exactly 0, but an inf or NaN
-    in v within the next 128 rows of another sequence still turns 0 * v into NaN there.
+    On compute capability 9.0 the forward runs the Hopper kernel (head dims 64, 96, 128, 192,
+    256); its last key block of a sequence is read from the packed k and v, past the sequence's
+    end, and masked (as FlashAttention-3 does): the masked keys' weights are exactly 0, but an inf
+    or NaN in v within the next 128 rows of another sequence still turns 0 * v into NaN there.
     """
     needs_lse = return_lse or (torch.is_grad_enabled() and (
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)

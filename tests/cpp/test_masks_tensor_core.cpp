@@ -478,9 +478,9 @@ TEST(MaskTensorCoreCrossPath, CausalMaskEqualsCausalKernel) {
 }
 
 // The sliding window on the Hopper forward (sm_90a; a window with kv_stride 1 is a per-row key
-// range there): forced onto it, against the same bound and lse check as above. Head dims 64, 128
-// and 256; windows cut on both sides, rows and keys that see nothing, a span that starts in the
-// middle of the keys (key blocks skipped on the left), GQA, and more tiles than SMs.
+// range there): forced onto it, against the same bound and lse check as above. Every head dim;
+// windows cut on both sides, rows and keys that see nothing, a span that starts in the middle of
+// the keys (key blocks skipped on the left), GQA, and more tiles than SMs.
 std::vector<TcMaskCase> hopper_window_cases() {
   return {
       {"window", {2, 2, 1, 150, 170, 64, 64}, false, 1, 20, 5},
@@ -492,6 +492,8 @@ std::vector<TcMaskCase> hopper_window_cases() {
       {"window_causal_many_tiles_d64", {2, 40, 40, 500, 500, 64, 64}, true, 1, 100, -1},
       {"window_causal_many_tiles_d128", {2, 40, 40, 500, 500, 128, 128}, true, 1, 100, -1},
       {"window_zero", {1, 2, 2, 257, 257, 128, 128}, false, 1, 0, 0},
+      {"window_causal_d96", {1, 2, 2, 300, 300, 96, 96}, true, 1, 64, -1},
+      {"window_d192", {1, 2, 2, 300, 260, 192, 192}, false, 1, 50, 30},
   };
 }
 
@@ -548,6 +550,8 @@ std::vector<TcMaskCase> hopper_block_map_cases() {
       with_map("map_many_tiles_gqa_d128", {2, 16, 2, 640, 640, 128, 128}, true, 128, 128),
       with_map("map_q64_many_tiles_causal_d64", {2, 24, 24, 640, 640, 64, 64}, true, 64, 128),
       with_map("map_k160_d256", {1, 2, 2, 300, 320, 256, 256}, false, 64, 160),
+      with_map("map_causal_d96", {1, 2, 2, 500, 500, 96, 96}, true, 128, 128),
+      with_map("map_k160_causal_d192", {1, 2, 2, 330, 330, 192, 192}, true, 64, 160),
   };
 }
 
@@ -597,6 +601,8 @@ std::vector<HopperFixedCase> hopper_fixed_cases() {
       {"sq_lt_sk_d64", {1, 2, 2, 300, 700, 64, 64}, 96, 32},
       {"full_summary_d256", {1, 2, 1, 400, 400, 256, 256}, 50, 50},
       {"l1_d128", {1, 1, 1, 130, 130, 128, 128}, 1, 1},
+      {"l128_c16_d96", {1, 2, 2, 700, 700, 96, 96}, 128, 16},
+      {"l100_c10_d192", {1, 2, 1, 400, 400, 192, 192}, 100, 10},
   };
 }
 
@@ -648,7 +654,7 @@ TEST(MaskHopperDispatch, FixedPatternsTheDecompositionCannotRunStayOnTheMaskedKe
   };
   for (const Declined& d :
        {Declined{300, 2, -1, 64, "kv_stride"}, Declined{300, 1, 90, 64, "window"},
-        Declined{100, 1, -1, 64, "no summary part"}, Declined{300, 1, -1, 96, "head_dim 96"}}) {
+        Declined{100, 1, -1, 64, "no summary part"}, Declined{300, 1, -1, 32, "head_dim 32"}}) {
     Problem pb({1, 2, 2, d.seqlen_q, 300, d.head_dim, d.head_dim}, DType::kBFloat16, false, 9);
     pb.params.kv_stride = d.kv_stride;
     pb.params.mask.window_left = d.window_left;
@@ -726,6 +732,8 @@ std::vector<HopperVarlenCase> hopper_varlen_cases() {
       {"cross_lengths_d128", mixed, other, 128, false},
       {"cross_lengths_causal_d256", mixed, other, 256, true},
       {"window_d128", mixed, mixed, 128, false, 90, 30},
+      {"mixed_causal_d96", mixed, mixed, 96, true},
+      {"cross_lengths_d192", mixed, other, 192, false},
   };
 }
 

@@ -391,8 +391,6 @@ std::vector<Case> hopper_cases() {
 
 class HopperGpu : public ::testing::TestWithParam<Case> {};
 
-// Head dims 96 and 192 skip in builds without their kernels (forward_config.h's
-// head_dim_in_every_build).
 TEST_P(HopperGpu, MatchesReference) {
   const std::string reason = hopper_skip_reason(GetParam().scenario.shape.head_dim);
   if (!reason.empty()) GTEST_SKIP() << reason;
@@ -462,7 +460,7 @@ class ScopedHopperAblation {
 // Every head dim, causal, partial tiles (300 rows): the Hopper forward's output with and
 // without `ablation` must be the same bytes.
 void expect_ablation_bit_identical(const char* ablation) {
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 96, 128, 192, 256}) {
     SCOPED_TRACE(d);
     Problem pb({2, 6, 3, 300, 400, d, d}, DType::kBFloat16);
     pb.params.causal = true;
@@ -580,7 +578,7 @@ TEST(HopperGpuRuns, WorkCountersOfTwoStreamsDoNotMix) {
 TEST(HopperGpuRuns, OutputViewGetsTheDenseBytesAndNothingElseChanges) {
   SKIP_WITHOUT_HOPPER();
   constexpr uint16_t kSentinel = 0x7fa5;  // a bf16 NaN the kernel never writes
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 96, 128, 192, 256}) {
     SCOPED_TRACE(d);
     const Shape shape{2, 3, 3, 300, 200, d, d};
     Problem pb(shape, DType::kBFloat16);
@@ -660,24 +658,12 @@ TEST(SelectBackend, AutoPicksHopperOnSm90) {
   EXPECT_EQ(select_backend(dp.pb.params), Backend::kSimt);
 }
 
-// Head dims 96 and 192 have Hopper kernels in tuning builds only (until their first GPU check):
-// there auto picks them; elsewhere auto stays on the sm80 path and forcing Hopper names the build.
-TEST(SelectBackend, HopperHeadDims96And192FollowTheBuild) {
+// Head dims 96 and 192 take the Hopper forward where it is built.
+TEST(SelectBackend, HopperHeadDims96And192TakeHopper) {
   SKIP_WITHOUT_HOPPER();
   for (int64_t d : {96, 192}) {
     DeviceProblem dp({1, 2, 2, 64, 64, d, d}, DType::kBFloat16);
-#ifdef SAMATTN_HOPPER_TUNING
     EXPECT_EQ(select_backend(dp.pb.params), Backend::kHopper) << d;
-#else
-    EXPECT_EQ(select_backend(dp.pb.params), Backend::kTensorCore) << d;
-    dp.pb.params.backend = Backend::kHopper;
-    try {
-      select_backend(dp.pb.params);
-      ADD_FAILURE() << "this build has no Hopper kernels for head_dim " << d;
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("in this build"), std::string::npos) << error.what();
-    }
-#endif
   }
 }
 

@@ -18,13 +18,6 @@ constexpr bool is_supported_head_dim(int64_t head_dim) {
   return false;
 }
 
-// Whether a build without SAMATTN_HOPPER_TUNING compiles the head dim's kernels: 96 and 192 are
-// built with -DSAMATTN_HOPPER_TUNING=ON only, until their first GPU check (added in stop 32;
-// other builds run them on the sm80 path).
-constexpr bool head_dim_in_every_build(int64_t head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
-
 // One block = one producer warpgroup (a single thread issues every TMA copy) and
 // consumer_warpgroups consumer warpgroups, each owning 64 query rows of the block's tile (the
 // wgmma M of one warpgroup is 64). block_n keys per pipeline stage, `stages` K and V stages,
@@ -159,10 +152,9 @@ constexpr int tile_variant_for_shape(int64_t head_dim, bool causal, int64_t seql
 // Whether a build without SAMATTN_HOPPER_TUNING compiles the entry (CMakeLists.txt instantiates
 // the same entries).
 constexpr bool tile_in_every_build(int64_t head_dim, int variant) {
-  return head_dim_in_every_build(head_dim) &&
-         (variant == default_tile_variant(head_dim) ||
-          (head_dim <= 64 && variant == kShortCausalTile64) ||
-          (head_dim > 64 && head_dim <= 128 && variant == kShortTile128));
+  return variant == default_tile_variant(head_dim) ||
+         (head_dim <= 64 && variant == kShortCausalTile64) ||
+         (head_dim > 64 && head_dim <= 128 && variant == kShortTile128);
 }
 
 // The caller keeps variant within [0, tile_variants(head_dim)).

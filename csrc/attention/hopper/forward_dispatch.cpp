@@ -102,12 +102,6 @@ Status supports(const AttentionParams& p) {
     return unsupported(detail::concat(
         "head_dim ", p.head_dim, " (supported: ", detail::comma_list(kSupportedHeadDims), ")"));
   }
-  // Head dims 96 and 192: only a tuning build has their kernels (head_dim_in_every_build).
-  if (!tile_compiled(p.head_dim, default_tile_variant(p.head_dim))) {
-    return unsupported(detail::concat("head_dim ", p.head_dim,
-                                      " in this build (its kernels are built only with "
-                                      "-DSAMATTN_HOPPER_TUNING=ON until their first GPU check)"));
-  }
   const detail::DeviceInfo& device = detail::current_device_info();
   if (device.major != 9 || device.minor != 0) {
     return unsupported(detail::concat("compute capability ", device.major, ".", device.minor,
