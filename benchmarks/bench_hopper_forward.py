@@ -51,14 +51,17 @@ WRONG_ABOVE = 2e-2
 BATCH_AT_4K = {96: 4, 192: 2, 256: 2}
 
 
-def configs(dtype: str, seqlens, extra_head_dims=()):
+def configs(dtype: str, seqlens, extra_head_dims=(), head_dims=None):
+    """The rows: head dims 64 and 128 at every seqlen, 256 and extra_head_dims at 4k; only those
+    in head_dims where given."""
+    wanted = (lambda d: True) if head_dims is None else (lambda d: d in head_dims)
     rows = []
     for seqlen in seqlens:
-        for head_dim in (64, 128):
+        for head_dim in filter(wanted, (64, 128)):
             for causal in (False, True):
                 rows.append(AttentionConfig(TOKENS // seqlen, HEADS, seqlen, head_dim, dtype,
                                             causal))
-    for head_dim in (256, *extra_head_dims):
+    for head_dim in filter(wanted, (256, *extra_head_dims)):
         for causal in (False, True):
             rows.append(AttentionConfig(BATCH_AT_4K[head_dim], HEADS, 4096, head_dim, dtype,
                                         causal))
@@ -106,13 +109,15 @@ TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_staged_store",
                     "samattn-hopper-static_schedule")
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn"}
-# What the tile entries are (forward_config.h's kTiles64 / kTiles128; M x N x stages, Q buffers).
+# What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
+# Q buffers).
 TILE_LEGEND = {
     64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
          "128x128 3 stages 2 Q, lean tile start",
          "128x128 3 stages 2 Q, lean tile start, early Q"),
     128: ("128x128 2 stages 2 Q, lean tile start",
           "128x128 3 stages 1 Q", "128x128 2 stages 2 Q, lean tile start, early Q"),
+    192: ("128x80 2 stages 1 Q", "128x80 2 stages 2 Q", "128x112 2 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}
@@ -365,6 +370,8 @@ def main(argv=None) -> int:
                         help="alternating rounds over a shape's methods (the budget is split)")
     parser.add_argument("--seqlens", type=int, nargs="+",
                         default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=None,
+                        help="only the rows of these head dims (default: every row)")
     parser.add_argument("--no-sm80", action="store_true",
                         help="leave out samattn's sm80 (tensor_core) path")
     parser.add_argument("--no-tiles", action="store_true",
@@ -388,7 +395,8 @@ def main(argv=None) -> int:
     }
     result["cublas_8192_tflops"] = cublas_tflops(DTYPES[args.dtype])
     print(f"cuBLAS {args.dtype} 8192^3: {result['cublas_8192_tflops']:.1f} TFLOPS", flush=True)
-    for cfg in configs(args.dtype, args.seqlens, hopper_head_dims_available((96, 192))):
+    for cfg in configs(args.dtype, args.seqlens, hopper_head_dims_available((96, 192)),
+                       args.head_dims):
         row = bench(cfg, args.min_reps, args.budget_ms)
         result["rows"].append(row)
         cells = []

@@ -8,7 +8,7 @@
 namespace samattn::hopper {
 
 // Head dimensions with an instantiation (fp16 and bf16; q and v share it). 96 runs head dim 128's
-// tile table and 192 head dim 256's (forward_tile).
+// tile table; 192 has its own, whose entry 0 is head dim 256's tile (forward_tile).
 inline constexpr int kSupportedHeadDims[] = {64, 96, 128, 192, 256};
 
 constexpr bool is_supported_head_dim(int64_t head_dim) {
@@ -99,6 +99,12 @@ inline constexpr ForwardTile kTiles64[] = {
 inline constexpr ForwardTile kTiles128[] = {
     {2, 128, 2, 2, 40, true}, {2, 128, 3, 1, 40}, {2, 128, 2, 2, 40, true, true}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
+// Head dim 192: [0] head dim 256's tile (48 + 120 KiB); [1] with two Q buffers (96 + 120 KiB),
+// so that the next tile's Q loads under the current one and O leaves through the free buffer by
+// TMA (the staged store needs two); [2] 112 keys per stage (48 + 168 KiB; S 56 + P 28 + O 96
+// registers), fewer key blocks and O rescales per tile. 128 keys would need 240 KiB.
+inline constexpr ForwardTile kTiles192[] = {
+    {2, 80, 2, 1, 24}, {2, 80, 2, 2, 24}, {2, 112, 2, 1, 24}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,
 // and serialized if it compiled then as it did in stop 24) at every S >= 2k (0.98-1.10x cuDNN
@@ -107,6 +113,7 @@ inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // at D = 128 and 2-8% at S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
 inline constexpr int kDefaultTile64 = 0;
 inline constexpr int kDefaultTile128 = 0;
+inline constexpr int kDefaultTile192 = 0;
 inline constexpr int kDefaultTile256 = 0;
 
 // Head dim 64, causal, at most 1024 queries and kept keys: the two-warpgroup tile (entry 1).
@@ -127,12 +134,14 @@ inline constexpr int64_t kShortMaxSeqlen128 = 2048;
 constexpr int tile_variants(int64_t head_dim) {
   if (head_dim <= 64) return static_cast<int>(sizeof(kTiles64) / sizeof(kTiles64[0]));
   if (head_dim <= 128) return static_cast<int>(sizeof(kTiles128) / sizeof(kTiles128[0]));
+  if (head_dim <= 192) return static_cast<int>(sizeof(kTiles192) / sizeof(kTiles192[0]));
   return static_cast<int>(sizeof(kTiles256) / sizeof(kTiles256[0]));
 }
 
 constexpr int default_tile_variant(int64_t head_dim) {
   if (head_dim <= 64) return kDefaultTile64;
   if (head_dim <= 128) return kDefaultTile128;
+  if (head_dim <= 192) return kDefaultTile192;
   return kDefaultTile256;
 }
 
@@ -161,6 +170,7 @@ constexpr bool tile_in_every_build(int64_t head_dim, int variant) {
 constexpr ForwardTile forward_tile(int64_t head_dim, int variant) {
   if (head_dim <= 64) return kTiles64[variant];
   if (head_dim <= 128) return kTiles128[variant];
+  if (head_dim <= 192) return kTiles192[variant];
   return kTiles256[variant];
 }
 
