@@ -113,7 +113,9 @@ inline constexpr ForwardTile kTiles192[] = {
 // at D = 128 and 2-8% at S <= 2k causal at D = 64 (benchmarks/NOTES.md has the tables).
 inline constexpr int kDefaultTile64 = 0;
 inline constexpr int kDefaultTile128 = 0;
-inline constexpr int kDefaultTile192 = 0;
+// Head dim 192 (commit 67beb05, one process, S = 4k, bf16): entry 1 634 / 591 TFLOPS dense /
+// causal, entry 2 645 / 569, entry 0 610 / 552, cuDNN 641 / 570 (benchmarks/NOTES.md, stop 33).
+inline constexpr int kDefaultTile192 = 1;
 inline constexpr int kDefaultTile256 = 0;
 
 // Head dim 64, causal, at most 1024 queries and kept keys: the two-warpgroup tile (entry 1).
