@@ -10,15 +10,14 @@ memory or its work-counter schedule switched off
 (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
-{64, 128}, causal and not, plus (2, 16, 4096, 256), (4, 16, 4096, 96) and (2, 16, 4096, 192) where
-the Hopper forward takes them; the strided
-configuration (4, 16, 4096, 128) with kv_stride 4 against SDPA on the `k[:, :, ::4]` view and
-FlexAttention with a `kv_idx % 4 == 0` mask_mod; and cuBLAS (torch.matmul) bf16 8192^3 as the
-ceiling of the run. Every method's output is first compared with SDPA flash's on the same inputs (a
-wrong kernel is reported, not timed). Timing: CUDA events, warm-up, inputs rotated past the L2
-cache, median of at least 10 runs and --budget-ms of measured time per method, taken in --rounds
-alternating rounds over the shape's methods so that clock drift during the run falls on all of them
-(samattn.bench.timing.measure_interleaved).
+{64, 128}, causal and not, plus (2, 16, 4096, 256), (4, 16, 4096, 96) and (2, 16, 4096, 192)
+(--head-dims keeps only some); the strided configuration (4, 16, 4096, 128) with kv_stride 4 against
+SDPA on the `k[:, :, ::4]` view and FlexAttention with a `kv_idx % 4 == 0` mask_mod; and cuBLAS
+(torch.matmul) bf16 8192^3 as the ceiling of the run. Every method's output is first compared with
+SDPA flash's on the same inputs (a wrong kernel is reported, not timed). Timing: CUDA events,
+warm-up, inputs rotated past the L2 cache, median of at least 10 runs and --budget-ms of measured
+time per method, taken in --rounds alternating rounds over the shape's methods so that clock drift
+during the run falls on all of them (samattn.bench.timing.measure_interleaved).
 
     python3 benchmarks/bench_hopper_forward.py --out $OUT/hopper_forward.json
 """
@@ -136,8 +135,8 @@ def methods_for(cfg: AttentionConfig) -> dict:
 
 
 def hopper_head_dims_available(head_dims) -> list:
-    """The head dims among `head_dims` that this build's Hopper forward takes (a build from before
-    stop 33 ran 96 and 192 on the sm80 path)."""
+    """The head dims among `head_dims` that this build's Hopper forward takes (a row it refuses
+    is left out and its reason printed)."""
     available = []
     for head_dim in head_dims:
         q = torch.randn(1, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
