@@ -113,9 +113,10 @@ ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_sche
 TILE_LEGEND = {
     64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
          "128x128 3 stages 2 Q, lean tile start",
-         "128x128 3 stages 2 Q, lean tile start, early Q"),
+         "128x128 3 stages 2 Q, lean tile start, hoisted limits"),
     128: ("128x128 2 stages 2 Q, lean tile start",
-          "128x128 3 stages 1 Q", "128x128 2 stages 2 Q, lean tile start, early Q"),
+          "128x128 2 stages 2 Q, lean tile start, early Q, hoisted limits",
+          "128x128 2 stages 2 Q, lean tile start, early Q"),
     192: ("128x80 2 stages 1 Q", "128x80 2 stages 2 Q", "128x112 2 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).

@@ -239,6 +239,30 @@ TEST(HopperTileTables, ShortProblemsTakeTheirOwnTiles) {
   }
 }
 
+// The hoisted row limits are a tuning entry's until measured: no entry that a build without
+// SAMATTN_HOPPER_TUNING compiles has them, and each entry with them is an every-build entry plus
+// the limits (D = 64: the short causal tile; D = 128: the short tile), so the two time the same
+// tile.
+TEST(HopperTileTables, HoistedLimitsAreATuningTwin) {
+  const auto same_but_limits = [](const ForwardTile& a, const ForwardTile& b) {
+    return a.consumer_warpgroups == b.consumer_warpgroups && a.block_n == b.block_n &&
+           a.stages == b.stages && a.q_buffers == b.q_buffers &&
+           a.producer_registers == b.producer_registers && a.lean_tile_start == b.lean_tile_start &&
+           a.early_q == b.early_q;
+  };
+  for (int d : kSupportedHeadDims) {
+    for (int variant = 0; variant < tile_variants(d); ++variant) {
+      SCOPED_TRACE(::testing::Message() << "head dim " << d << " variant " << variant);
+      const ForwardTile tile = forward_tile(d, variant);
+      if (tile_in_every_build(d, variant)) EXPECT_FALSE(tile.hoisted_limits);
+    }
+  }
+  ASSERT_TRUE(forward_tile(64, 2).hoisted_limits);
+  EXPECT_TRUE(same_but_limits(forward_tile(64, 2), forward_tile(64, kShortCausalTile64)));
+  ASSERT_TRUE(forward_tile(128, 1).hoisted_limits);
+  EXPECT_TRUE(same_but_limits(forward_tile(128, 1), forward_tile(128, kShortTile128)));
+}
+
 // SAMATTN_HOPPER_TILE: unset or empty is the caller's entry (its shape's); another valid index
 // is that entry where the build compiles it (every build compiles tile_in_every_build's) and an
 // error naming the build option otherwise; an invalid one an error naming the variable; head

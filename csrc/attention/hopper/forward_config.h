@@ -45,6 +45,14 @@ struct ForwardTile {
   // 1; a fourth (stop 32): +1-2% at S <= 2k, 0.97-1.01x at S >= 4k, 0.97x on kv_stride 4. So
   // head dim 128 runs it on short problems without kv_stride (kShortTile128).
   bool early_q = false;
+  // Each thread's two rows' key limits (one past the last key each sees) are computed once per
+  // tile, under its first S GEMM, and a masked causal block compares with them: the masked
+  // softmax otherwise reads the sequence's geometry again and divides each row by kv_stride in
+  // every masked block (~620 instructions against the unmasked softmax's 318 at head dim 64,
+  // sass-report), and a causal tile's first block, its diagonal, is masked: stop 33's reading
+  // of the D = 64 causal S = 1k trace (the first softmax 2.8k cycles, an unmasked one 1.5k).
+  // Costs 2 registers through the key loop. Not with a window (its spans stay per block).
+  bool hoisted_limits = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -80,24 +88,26 @@ struct ForwardTile {
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
 // + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] two consumer
 // warpgroups (128 x 128 tiles) with a lean tile start, which short causal problems run; [2] entry
-// 1 with ForwardTile::early_q. Head dim 128: [0] 2 stages of 128 x 128 K and V, 2 Q buffers, a
-// lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal in stop 20's first run);
-// [1] 3 stages of 128 x 128 K and V with one Q buffer (32 + 192 = 224 KiB): a deeper ring against
-// TMA latency. (A third stage of K alone, with two Q buffers, measured 0.99-1.00x the default at
-// S <= 2k and slower on the kv_stride = 4 case in stop 19: the tile timeline showed that K lands
-// in time.) [2] entry 0 with ForwardTile::early_q, which short problems run. Producer registers: 40
-// (consumers 232) where the consumers fit that without spilling, else 24 (consumers 240), where
-// ptxas spills a few bytes in the producer's single TMA thread (under 24 the published work unit
-// and the tile walk no longer fit); 32 with three consumer warpgroups. Measured and removed
-// (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64 with FMA-pipe
+// 1 with ForwardTile::hoisted_limits (not yet measured). Head dim 128: [0] 2 stages of 128 x 128
+// K and V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal
+// in stop 20's first run); [1] entry 2 with ForwardTile::hoisted_limits (not yet measured); [2]
+// entry 0 with ForwardTile::early_q, which short problems run. (A third stage of K alone, with
+// two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the kv_stride = 4 case
+// in stop 19: the tile timeline showed that K lands in time. 3 stages of K and V with one Q
+// buffer, 224 KiB, was entry 1 until stop 33: 0.75-0.99x the default in every run.) Producer
+// registers: 40 (consumers 232) where the consumers fit that without spilling, else 24 (consumers
+// 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24 the published
+// work unit and the tile walk no longer fit); 32 with three consumer warpgroups. Measured and
+// removed (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64 with FMA-pipe
 // exponentials (its registers serialised its wgmmas), the tiles without a lean start, an overlapped
 // tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x the default in three
 // runs; at 2 stages the next tile's first K lands after the last P V it should hide behind; commit
-// 7aaaa7a has it) and a lean mask (masked blocks through the fused FFMA: 0.98-1.02x).
+// 7aaaa7a has it), a lean mask (masked blocks through the fused FFMA: 0.98-1.02x) and, at head
+// dim 64, the early Q copy (entry 2 until stop 33: 0.99-1.02x its twin, entry 1).
 inline constexpr ForwardTile kTiles64[] = {
-    {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, true}};
+    {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, false, true}};
 inline constexpr ForwardTile kTiles128[] = {
-    {2, 128, 2, 2, 40, true}, {2, 128, 3, 1, 40}, {2, 128, 2, 2, 40, true, true}};
+    {2, 128, 2, 2, 40, true}, {2, 128, 2, 2, 40, true, true, true}, {2, 128, 2, 2, 40, true, true}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // Head dim 192: [0] head dim 256's tile (48 + 120 KiB); [1] with two Q buffers (96 + 120 KiB),
 // so that the next tile's Q loads under the current one and O leaves through the free buffer by

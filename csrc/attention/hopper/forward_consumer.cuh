@@ -55,6 +55,7 @@ __device__ __forceinline__ void consumer_loop(
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
+  constexpr bool kHoistedLimits = Traits::kTile.hoisted_limits;
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -146,6 +147,9 @@ __device__ __forceinline__ void consumer_loop(
     int own_end_block;  // one past the last key block this warpgroup's rows see
     int own_blocks;     // how many of the walked blocks this warpgroup computes
     int key_block;      // the first (highest) of them, whose S GEMM start_tile issues
+    // With ForwardTile::hoisted_limits and no window: one past the last key each of the
+    // thread's two rows sees (row_key_end).
+    int key_end[2];
   };
   TileState cur{};
   // Tile t's sequence (see sequence_geometry: read where needed, not kept).
@@ -166,6 +170,14 @@ __device__ __forceinline__ void consumer_loop(
         first_masked_key_block<kBlockN>(geometry(t), t.c.m_begin + warpgroup_first_row);
     t.first_unclipped_block =
         first_unclipped_key_block<kBlockN>(geometry(t), t.c.m_begin + warpgroup_first_row + 63);
+    if constexpr (kHoistedLimits) {
+      const TileGeometry g = geometry(t);
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = min(t.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+        t.key_end[r] = row_key_end(g, row);
+      }
+    }
   };
 
   // Waits for tile `iteration`'s Q and returns false at the end of the block's work; otherwise
@@ -263,8 +275,12 @@ __device__ __forceinline__ void consumer_loop(
       int limit[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-        limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+        if constexpr (kHoistedLimits) {
+          limit[r] = hidden ? 0 : max(0, min(cur.key_end[r] - n_block * kBlockN, kBlockN));
+        } else {
+          const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+          limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+        }
       }
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
