@@ -392,8 +392,7 @@ std::vector<Case> hopper_cases() {
 class HopperGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HopperGpu, MatchesReference) {
-  const std::string reason = hopper_skip_reason(GetParam().scenario.shape.head_dim);
-  if (!reason.empty()) GTEST_SKIP() << reason;
+  SKIP_WITHOUT_HOPPER();
   check_against_reference(GetParam(), Backend::kHopper);
 }
 
