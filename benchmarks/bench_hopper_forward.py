@@ -6,7 +6,7 @@ In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's al
 variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND)
 at head dims 64 and 128, so one run compares them; without that build those columns are left
 out. With --ablations, also the Hopper path with its ping-pong, its output store through shared
-memory or its work-counter schedule switched off
+memory, its work-counter schedule or its narrow first block switched off
 (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
 Shapes (B, 16, S, D) with B * S = 16384 tokens, S in {512, 1k, 2k, 4k, 8k, 16k} (--seqlens), D in
@@ -93,6 +93,7 @@ METHODS = {
     "samattn-hopper-no_pingpong": samattn_backend("hopper"),
     "samattn-hopper-no_staged_store": samattn_backend("hopper"),
     "samattn-hopper-static_schedule": samattn_backend("hopper"),
+    "samattn-hopper-wide_first_block": samattn_backend("hopper"),
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off.
@@ -103,11 +104,13 @@ ENVIRONMENT = {
     "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
     "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
     "samattn-hopper-static_schedule": {"SAMATTN_HOPPER_ABLATION": "static_schedule"},
+    "samattn-hopper-wide_first_block": {"SAMATTN_HOPPER_ABLATION": "wide_first_block"},
 }
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_staged_store",
-                    "samattn-hopper-static_schedule")
-ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn"}
+                    "samattn-hopper-static_schedule", "samattn-hopper-wide_first_block")
+ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
+                    "wide_first_block": "-nb"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
 # Q buffers).
 TILE_LEGEND = {
@@ -299,8 +302,8 @@ def print_summary(result: dict) -> None:
           " path: entry 0, at D = 64 causal with S <= 1k entry 1, at D = 128 with S <= 2k and"
           " kv_stride 1 entry 2"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
-          + ("; -pp, -ss, -dyn: t0 over itself without ping-pong / the staged output store /"
-             " the work counter" if ablations else "")
+          + ("; -pp, -ss, -dyn, -nb: t0 over itself without ping-pong / the staged output"
+             " store / the work counter / the narrow first block" if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
@@ -366,7 +369,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ablations", nargs="*", default=[],
                         choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / O staged through "
-                             "shared memory / the work counter")
+                             "shared memory / the work counter / the narrow first block")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

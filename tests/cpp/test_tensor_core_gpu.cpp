@@ -483,6 +483,15 @@ TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
   expect_ablation_bit_identical("no_staged_store");
 }
 
+// A warpgroup that sees only the first half of its tile's first key block (the causal diagonal
+// under a tile's first 64 rows; 300 x 400 causal has it at both tiles' warpgroup 0) runs that
+// block's softmax on those keys alone: the keys it leaves out are masked (probability exactly
+// 0) in the whole block's, so the bytes are the same.
+TEST(HopperGpuRuns, WideFirstBlockIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  expect_ablation_bit_identical("wide_first_block");
+}
+
 // More work units than SMs, so the blocks take units from the stream's work counter (every head
 // dim; causal pairs of unequal cost at head dim 64's 192-row tiles): the same bytes as the static
 // round robin, on every rerun (each launch must leave the counter at zero for the next).

@@ -205,6 +205,14 @@ struct ForwardKernelOptions {
   // the counter balances as well and keeps the prefetch across units (H200, 11 sequences,
   // 16k tokens: 0.316 ms against 0.341 ms).
   bool varlen_block_per_unit = false;
+  // A warpgroup whose rows see only the first half of a tile's first key block (the causal
+  // diagonal under the tile's first 64 rows, a tail of at most block_n / 2 keys) runs that
+  // block's softmax on those keys alone; its S GEMM stays the whole block's
+  // ("wide_first_block" turns it off). Warpgroup 0 of a causal tile then reaches its first turn
+  // before warpgroup 1, whose first block is a whole masked one: the two no longer run their
+  // masked first softmaxes in step with the tensor cores idle under both (stop 33's D = 64
+  // causal 1k trace: first softmax 2.8k cycles, the warpgroups within 0.1k of each other).
+  bool narrow_first_block = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

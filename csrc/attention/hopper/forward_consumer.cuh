@@ -81,6 +81,14 @@ __device__ __forceinline__ void consumer_loop(
       partition_fragment_C(mma_s, Shape<typename Traits::BlockM, typename Traits::BlockN>{});
   Tensor tOrO =
       partition_fragment_C(mma_o, Shape<typename Traits::BlockM, typename Traits::HeadDim>{});
+  // A tile's narrow first block (ForwardKernelOptions::narrow_first_block): its softmax takes
+  // only the scores of the block's first kNarrowBlockN keys, the first values of tSrS (their
+  // column groups are its outermost values; the accumulator is compact). The S GEMM stays the
+  // whole block's: a narrower wgmma next to it made ptxas serialise the kernel's wgmmas (C7515).
+  Tensor tSrS_narrow =
+      make_tensor(tSrS.data(), make_layout(Int<size(tSrS) * Traits::kNarrowBlockN / kBlockN>{}));
+  static_assert(cute::is_same_v<decltype(coalesce(tSrS.layout())), Layout<Int<size(tSrS)>, _1>>,
+                "the narrow block's scores are a prefix of the block's");
   Tensor tOrP = make_tensor<Element>(accumulator_as_a_operand(tSrS.layout()));
   static_assert(size(tOrP) == size(tSrS), "P reuses the S fragment's order");
   static_assert(size<2>(tOrP) == kBlockN / 16, "one P k-block per 16 keys");
@@ -144,9 +152,12 @@ __device__ __forceinline__ void consumer_loop(
     // first_unclipped_block.
     int first_masked_block, first_unclipped_block;
     int tile_blocks;    // the key blocks the tile walks (all of them, or the listed ones)
+    int own_key_end;    // one past the last key this warpgroup's rows see (warpgroup_key_end)
     int own_end_block;  // one past the last key block this warpgroup's rows see
     int own_blocks;     // how many of the walked blocks this warpgroup computes
     int key_block;      // the first (highest) of them, whose S GEMM start_tile issues
+    // The warpgroup's rows see only key_block's first kNarrowBlockN keys (narrow_first_block).
+    bool narrow;
     // With ForwardTile::hoisted_limits and no window: one past the last key each of the
     // thread's two rows sees (row_key_end).
     int key_end[2];
@@ -200,8 +211,8 @@ __device__ __forceinline__ void consumer_loop(
     if constexpr (!kLeanTileStart) find_masked_blocks(t);
     const uint32_t* tile_mask = shared.key_blocks[t.q_buffer].tile;
     t.tile_blocks = sparse ? count_listed_below(tile_mask, c.n_first + c.n_blocks) : c.n_blocks;
-    t.own_end_block =
-        c.n_first + warpgroup_key_blocks<kBlockN>(geometry(t), c, c.m_begin + warpgroup_first_row);
+    t.own_key_end = warpgroup_key_end(geometry(t), c, c.m_begin + warpgroup_first_row);
+    t.own_end_block = c.n_first + warpgroup_key_blocks<kBlockN>(c, t.own_key_end);
     t.own_blocks =
         sparse ? count_listed_below(tile_mask, t.own_end_block) : t.own_end_block - c.n_first;
     return true;
@@ -214,7 +225,7 @@ __device__ __forceinline__ void consumer_loop(
   // complete the phase the stage is in, and it keeps every turn of the tile (one per block after
   // the first), so the turns of all warpgroups stay in step. Then, if it sees any block, it waits
   // for the first one's K and issues the tile's first S GEMM.
-  auto start_tile = [&](TileState& t) {
+  auto start_tile = [&](TileState & t) __attribute__((always_inline)) {
     const int idle_turns = t.tile_blocks - max(t.own_blocks, 1);
     for (int skipped = 0; skipped < t.tile_blocks - t.own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);
@@ -229,6 +240,8 @@ __device__ __forceinline__ void consumer_loop(
     }
     if (t.own_blocks > 0) {
       t.key_block = next_key_block(t, t.own_end_block);
+      t.narrow = Traits::kNarrowFirstBlock && params.options.narrow_first_block &&
+                 t.own_key_end - t.key_block * kBlockN <= Traits::kNarrowBlockN;
       pipeline_k.consumer_wait(state);
       trace(TraceEvent::kFirstKLanded, t.iteration, t.own_blocks - 1);
       Tensor tSrQ_tile = tSrQ(_, _, _, t.q_buffer);
@@ -241,17 +254,18 @@ __device__ __forceinline__ void consumer_loop(
     }
   };
 
-  // Scores of key block n_block (counted from key 0, in tSrS) -> probabilities; rescale as in
-  // RowSoftmax. hidden: the block map does not list the block for this warpgroup's rows.
-  auto softmax_block = [&](int n_block, bool hidden, float(&rescale)[2]) {
+  // Scores of key block n_block (counted from key 0, in s: tSrS, or tSrS_narrow for its first
+  // keys) -> probabilities; rescale as in RowSoftmax. hidden: the block map does not list the
+  // block for this warpgroup's rows.
+  auto softmax_block = [&](auto& s, int n_block, bool hidden, float(&rescale)[2]) {
     const bool needs_mask =
         hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
     if (!needs_mask && fuse_scale) {
-      softmax.update(tSrS, scale_log2, rescale);
+      softmax.update(s, scale_log2, rescale);
       return;
     }
     CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
+    for (int i = 0; i < size(s); ++i) s(i) *= scale_log2;
     const TileGeometry g = geometry(cur);
     if (needs_mask && g.windowed) {
       int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
@@ -267,9 +281,9 @@ __device__ __forceinline__ void consumer_loop(
                 : static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
       }
       CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
+      for (int i = 0; i < size(s); ++i) {
         const int column = get<1>(tScS(i));
-        if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) tSrS(i) = -INFINITY;
+        if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) s(i) = -INFINITY;
       }
     } else if (needs_mask) {
       int limit[2];
@@ -283,16 +297,17 @@ __device__ __forceinline__ void consumer_loop(
         }
       }
       CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) tSrS(i) = -INFINITY;
+      for (int i = 0; i < size(s); ++i) {
+        if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) s(i) = -INFINITY;
       }
     }
-    softmax.update(tSrS, 1.f, rescale);
+    softmax.update(s, 1.f, rescale);
   };
-  auto convert_p = [&]() {
+  // P from the scores s (tSrS, or tSrS_narrow: the block's first keys, the rest P = 0).
+  auto convert_p = [&](const auto& s) {
     CUTE_UNROLL
     for (int i = 0; i < size(tSrS) / 2; ++i) {
-      p_pairs[i] = pack_pair<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+      p_pairs[i] = 2 * i < size(s) ? pack_pair<Element>(s(2 * i), s(2 * i + 1)) : 0u;
     }
   };
 
@@ -431,8 +446,14 @@ __device__ __forceinline__ void consumer_loop(
     bool hidden = hidden_block(key_block);
     if (n_block == 0 && !stage_o) q_empty.arrive();
     float rescale[2];
-    softmax_block(key_block, hidden, rescale);
-    convert_p();
+    // The narrow block's P is 0 past its keys (the P V GEMM still takes the whole block).
+    if (t.narrow) {
+      softmax_block(tSrS_narrow, key_block, hidden, rescale);
+      convert_p(tSrS_narrow);
+    } else {
+      softmax_block(tSrS, key_block, hidden, rescale);
+      convert_p(tSrS);
+    }
     trace(TraceEvent::kFirstSoftmaxDone, t.iteration, n_block);
     release_stored_q_buffer();
     trace(TraceEvent::kStoreReleased, t.iteration, n_block);
@@ -460,7 +481,7 @@ __device__ __forceinline__ void consumer_loop(
       pipeline_k.consumer_release(following);
       hidden = hidden_block(key_block);
       if (n_block == 0 && !stage_o) q_empty.arrive();  // the tile's last use of Q
-      softmax_block(key_block, hidden, rescale);
+      softmax_block(tSrS, key_block, hidden, rescale);
       trace(TraceEvent::kSoftmaxDone, t.iteration, n_block);
       warpgroup_wait<0>();  // O (+)= P_{j-1} V_{j-1} has landed
       finish_operands(tOrO, tOrP);
@@ -468,7 +489,7 @@ __device__ __forceinline__ void consumer_loop(
       pipeline_v.consumer_release(state);
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= rescale[(i / 2) % 2];
-      convert_p();
+      convert_p(tSrS);
       trace(TraceEvent::kIterationDone, t.iteration, n_block);
       state = following;
     }

@@ -178,10 +178,12 @@ ForwardKernelOptions forward_options_from_environment() {
       options.varlen_block_per_unit = true;
     } else if (item == "static_schedule") {
       options.dynamic_schedule = false;
+    } else if (item == "wide_first_block") {
+      options.narrow_first_block = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_staged_store, static_schedule and "
+                    "no_pingpong, no_staged_store, static_schedule, wide_first_block and "
                     "varlen_block_per_unit, got '",
                     value, "'");
     }

@@ -76,6 +76,10 @@ struct KernelTraits {
   static_assert(cute::size<1>(typename TiledMmaS::AtomShape_MNK{}) == kBlockN,
                 "S = Q K^T must be one wgmma per k-block: kBlockN needs its wgmma shape (define "
                 "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED before including CuTe)");
+  // A tile's first key block for a warpgroup that sees only its first kNarrowBlockN keys
+  // (ForwardKernelOptions::narrow_first_block): its softmax takes only those. 128-key blocks.
+  static constexpr bool kNarrowFirstBlock = kBlockN == 128;
+  static constexpr int kNarrowBlockN = kNarrowFirstBlock ? kBlockN / 2 : kBlockN;
   // O = P V: P from registers (K-major), V^T from shared memory, where V is stored (key, dim)
   // with dim contiguous: an MN-major B operand.
   using TiledMmaO = decltype(cute::make_tiled_mma(
@@ -381,19 +385,26 @@ __device__ __forceinline__ TileCoords tile_coords(const TileGeometry& call, Quer
   return c;
 }
 
-// How many of tile c's key blocks (counted from c.n_first, so the lowest ones) the rows
-// [first_row, first_row + 64) of one consumer warpgroup see: the blocks above are past every
-// one of those rows' causal diagonals or window ends, and the warpgroup skips them (none when
-// all its rows lie past the sequence's end). The tile's last warpgroup with rows sees all of
-// c.n_blocks.
-template <int kBlockN>
-__device__ __forceinline__ int32_t warpgroup_key_blocks(const TileGeometry& g, const TileCoords& c,
-                                                        int32_t first_row) {
+// One past the last key the rows [first_row, first_row + 64) of one consumer warpgroup of tile c
+// see: their last row's causal diagonal or window end; 0 when all of them lie past the
+// sequence's end.
+__device__ __forceinline__ int32_t warpgroup_key_end(const TileGeometry& g, const TileCoords& c,
+                                                     int32_t first_row) {
   if (first_row >= c.m_begin + c.rows) return 0;
   const int32_t last_row = min(first_row + 63, c.m_begin + c.rows - 1);
-  const int64_t key_end = g.windowed ? window_key_span(g, last_row).end : row_key_end(g, last_row);
-  const int64_t blocks = (key_end + kBlockN - 1) / kBlockN - c.n_first;
-  return static_cast<int32_t>(max(int64_t{0}, min(blocks, int64_t{c.n_blocks})));
+  return g.windowed ? static_cast<int32_t>(window_key_span(g, last_row).end)
+                    : row_key_end(g, last_row);
+}
+
+// How many of tile c's key blocks (counted from c.n_first, so the lowest ones) one consumer
+// warpgroup sees, from its rows' key end (warpgroup_key_end): the blocks above are past every
+// one of those rows' causal diagonals or window ends, and the warpgroup skips them (all of them
+// when its rows lie past the sequence's end). The tile's last warpgroup with rows sees all of
+// c.n_blocks.
+template <int kBlockN>
+__device__ __forceinline__ int32_t warpgroup_key_blocks(const TileCoords& c, int32_t key_end) {
+  const int32_t blocks = (key_end + kBlockN - 1) / kBlockN - c.n_first;
+  return max(0, min(blocks, c.n_blocks));
 }
 
 }  // namespace samattn::hopper
