@@ -88,12 +88,12 @@ struct ForwardTile {
 // Head dim 64: [0] three consumer warpgroups (192 x 128 tiles, 160 registers each: S 64 + P 32
 // + O 32: a third softmax next to the tensor cores) with a lean tile start; [1] two consumer
 // warpgroups (128 x 128 tiles) with a lean tile start, which short causal problems run; [2] entry
-// 1 with ForwardTile::hoisted_limits (not yet measured). Head dim 128: [0] 2 stages of 128 x 128
-// K and V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k causal
-// in stop 20's first run); [1] entry 2 with ForwardTile::hoisted_limits (not yet measured); [2]
-// entry 0 with ForwardTile::early_q, which short problems run. (A third stage of K alone, with
-// two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the kv_stride = 4 case
-// in stop 19: the tile timeline showed that K lands in time. 3 stages of K and V with one Q
+// 1 with ForwardTile::hoisted_limits (stop 34: 1.00-1.01x its twin). Head dim 128: [0] 2 stages of
+// 128 x 128 K and V, 2 Q buffers, a lean tile start (ForwardTile::lean_tile_start: +3-7% at S <= 2k
+// causal in stop 20's first run); [1] entry 2 with ForwardTile::hoisted_limits (stop 34: 1.00-1.01x
+// its twin); [2] entry 0 with ForwardTile::early_q, which short problems run. (A third stage of
+// K alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the
+// kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time. 3 stages of K and V with one Q
 // buffer, 224 KiB, was entry 1 until stop 33: 0.75-0.99x the default in every run.) Producer
 // registers: 40 (consumers 232) where the consumers fit that without spilling, else 24 (consumers
 // 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24 the published
