@@ -93,17 +93,17 @@ struct ForwardTile {
 // causal in stop 20's first run); [1] entry 2 with ForwardTile::hoisted_limits (stop 34: 1.00-1.01x
 // its twin); [2] entry 0 with ForwardTile::early_q, which short problems run. (A third stage of
 // K alone, with two Q buffers, measured 0.99-1.00x the default at S <= 2k and slower on the
-// kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time. 3 stages of K and V with one Q
-// buffer, 224 KiB, was entry 1 until stop 33: 0.75-0.99x the default in every run.) Producer
-// registers: 40 (consumers 232) where the consumers fit that without spilling, else 24 (consumers
-// 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24 the published
-// work unit and the tile walk no longer fit); 32 with three consumer warpgroups. Measured and
-// removed (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64 with FMA-pipe
-// exponentials (its registers serialised its wgmmas), the tiles without a lean start, an overlapped
-// tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x the default in three
-// runs; at 2 stages the next tile's first K lands after the last P V it should hide behind; commit
-// 7aaaa7a has it), a lean mask (masked blocks through the fused FFMA: 0.98-1.02x) and, at head
-// dim 64, the early Q copy (entry 2 until stop 33: 0.99-1.02x its twin, entry 1).
+// kv_stride = 4 case in stop 19: the tile timeline showed that K lands in time. 3 stages of K and V
+// with one Q buffer, 224 KiB, was entry 1 until stop 33: 0.75-0.99x the default in every run.)
+// Producer registers: 40 (consumers 232) where the consumers fit that without spilling, else 24
+// (consumers 240), where ptxas spills a few bytes in the producer's single TMA thread (under 24 the
+// published work unit and the tile walk no longer fit); 32 with three consumer warpgroups. Measured
+// and removed (benchmarks/NOTES.md, stops 24-30): the two-warpgroup tile at head dim 64 with
+// FMA-pipe exponentials (its registers serialised its wgmmas), the tiles without a lean start, an
+// overlapped tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x the default
+// in three runs; at 2 stages the next tile's first K lands after the last P V it should hide
+// behind; commit 7aaaa7a has it), a lean mask (masked blocks through the fused FFMA: 0.98-1.02x)
+// and, at head dim 64, the early Q copy (entry 2 until stop 33: 0.99-1.02x its twin, entry 1).
 inline constexpr ForwardTile kTiles64[] = {
     {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, false, true}};
 inline constexpr ForwardTile kTiles128[] = {
