@@ -484,9 +484,10 @@ TEST(HopperGpuRuns, StagedStoreOffIsBitIdentical) {
 }
 
 // A warpgroup that sees only the first half of its tile's first key block (the causal diagonal
-// under a tile's first 64 rows; 300 x 400 causal has it at both tiles' warpgroup 0) runs that
-// block's softmax on those keys alone: the keys it leaves out are masked (probability exactly
-// 0) in the whole block's, so the bytes are the same.
+// under a tile's first 64 rows: 300 x 400 causal has it at every tile's warpgroup 0, at the head
+// dims with 128-key blocks, 64, 96 and 128) runs that block's softmax on those keys alone: the
+// keys it leaves out are masked (probability exactly 0) in the whole block's, so the bytes are
+// the same.
 TEST(HopperGpuRuns, WideFirstBlockIsBitIdentical) {
   SKIP_WITHOUT_HOPPER();
   expect_ablation_bit_identical("wide_first_block");
