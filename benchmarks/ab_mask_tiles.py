@@ -1,11 +1,13 @@
 """The masks benchmark's samattn rows (samattn.bench.masks: bf16, B = 1, H = 16, D = 128,
-S = 16k) under two Hopper forward tile entries in one process: the default entry and
-SAMATTN_HOPPER_TILE=N of a tuning build (-DSAMATTN_HOPPER_TUNING=ON), timed in alternating
-rounds (measure_interleaved), each output checked against the fp64 reference rows first.
-Reports, per case, each entry's time, its ratio to the same entry's dense time scaled by the
-density f (issue #6's <= 1.2 target) and tile/default.
+S = 16k) under several Hopper forward settings in one process: the default and each
+SAMATTN_HOPPER_TILE=N (a tuning entry of a -DSAMATTN_HOPPER_TUNING=ON build) and
+SAMATTN_HOPPER_ABLATION=NAME given, timed in alternating rounds (measure_interleaved), each
+output checked against the fp64 reference rows first. Reports, per case, each setting's time,
+its ratio to the same setting's dense time scaled by the density f (issue #6's <= 1.2 target)
+and setting/default.
 
     python3 benchmarks/ab_mask_tiles.py --tile 3 --out $OUT/ab_mask_tiles.json
+    python3 benchmarks/ab_mask_tiles.py --ablation wide_first_block --out $OUT/ab_masks.json
 """
 
 from __future__ import annotations
@@ -24,23 +26,33 @@ from samattn.bench.timing import environment_variable, measure_interleaved
 HEADS, HEAD_DIM, SEQLEN = 16, 128, 16384
 
 
-def tile(value: str):
-    return environment_variable("SAMATTN_HOPPER_TILE", value)
+def setting(entry):
+    """The environment of an entry: (variable, value), the default's value empty."""
+    return environment_variable(*entry)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tile", required=True, help="the tuning entry timed beside the default")
+    parser.add_argument("--tile", action="append", default=[],
+                        help="a tuning entry timed beside the default (repeatable)")
+    parser.add_argument("--ablation", action="append", default=[],
+                        help="a SAMATTN_HOPPER_ABLATION value timed beside the default "
+                             "(repeatable)")
     parser.add_argument("--out", default="ab_mask_tiles.json")
     parser.add_argument("--budget-ms", type=float, default=300.0)
     args = parser.parse_args(argv)
-    entries = {"default": "", f"tile{args.tile}": args.tile}
+    entries = {"default": ("SAMATTN_HOPPER_TILE", "")}
+    entries.update({f"tile{t}": ("SAMATTN_HOPPER_TILE", t) for t in args.tile})
+    entries.update({a: ("SAMATTN_HOPPER_ABLATION", a) for a in args.ablation})
+    if len(entries) == 1:
+        parser.error("give at least one --tile or --ablation")
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, SEQLEN, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
                            generator=gen) for _ in range(3))
     dense = MaskCase("dense (no mask)", lambda b, q_, k_: q_ >= 0, {})
     result = {**environment(), "heads": HEADS, "head_dim": HEAD_DIM, "seqlen": SEQLEN,
-              "dtype": "bf16", "entries": entries, "cases": []}
+              "dtype": "bf16", "entries": {n: f"{var}={value}" for n, (var, value) in entries.items()},
+              "cases": []}
     failed = False
     dense_ms = {}
     for case in [dense] + cases(True, SEQLEN):
@@ -48,7 +60,7 @@ def main(argv=None) -> int:
         ref = reference_rows(case, q, k, v, [0, HEADS - 1])
         row = {"case": case.name, "density": stats["density"]}
         for name, value in entries.items():
-            with tile(value):
+            with setting(value):
                 out = _samattn_call(case, q, k, v)
                 torch.cuda.synchronize()
             error = relative_error(out, ref)
@@ -58,19 +70,22 @@ def main(argv=None) -> int:
             del out
         calls = {name: [lambda c=case: _samattn_call(c, q, k, v)] for name in entries}
         timings = measure_interleaved(calls, rounds=4, budget_ms=args.budget_ms,
-                                      around=lambda name: tile(entries[name]))
+                                      around=lambda name: setting(entries[name]))
         for name, t in timings.items():
             row[f"{name}_ms"] = t.median_ms
             if case is dense:
                 dense_ms[name] = t.median_ms
             else:
                 row[f"{name}_vs_density"] = t.median_ms / (stats["density"] * dense_ms[name])
-        row["tile_over_default"] = row[f"tile{args.tile}_ms"] / row["default_ms"]
+        for name in entries:
+            if name != "default":
+                row[f"{name}_over_default"] = row[f"{name}_ms"] / row["default_ms"]
         result["cases"].append(row)
         print(f"{case.name:<48} f {stats['density']:.3f}  " + "  ".join(
             f"{n} {row[f'{n}_ms']:.3f} ms" + (f" ({row[f'{n}_vs_density']:.2f} of f x dense)"
                                               if f"{n}_vs_density" in row else "")
-            for n in entries) + f"  tile/default {row['tile_over_default']:.3f}", flush=True)
+            + (f" = {row[f'{n}_over_default']:.3f} x default" if n != "default" else "")
+            for n in entries), flush=True)
         del ref
         torch.cuda.empty_cache()
     result["all_outputs_within_tolerance"] = not failed
