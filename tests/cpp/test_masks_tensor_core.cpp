@@ -553,8 +553,8 @@ std::vector<TcMaskCase> hopper_block_map_cases() {
       with_map("map_causal_d96", {1, 2, 2, 500, 500, 96, 96}, true, 128, 128),
       with_map("map_k160_causal_d192", {1, 2, 2, 330, 330, 192, 192}, true, 64, 160),
       // Over 128 key blocks: the list warp's masks take several words and read rounds. Head
-      // dim 64's 192-row tile has two warpgroups in map row 0 (one read for both) and one in
-      // row 1; the 8-row second tile has warpgroups without rows.
+      // dim 64's 192-row tile has two warpgroups in map row 0 and one in row 1; the 8-row second
+      // tile has warpgroups without rows.
       with_map("map_long_keys_d64", {1, 2, 2, 200, 20000, 64, 64}, false, 128, 128),
       with_map("map_long_keys_k256_d128", {1, 1, 1, 256, 20000, 128, 128}, false, 128, 256),
   };
@@ -582,31 +582,6 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
                          ::testing::Combine(::testing::ValuesIn(hopper_block_map_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
                          case_and_dtype_name);
-
-// The list warp's map reads (ForwardKernelOptions::batched_map_reads: a map row read once for
-// the warpgroups that share it, four words per round) build the same key-block masks as one
-// read per warpgroup, two words per round (the ablation per_warpgroup_map_reads): the same
-// bytes out, for every case above.
-TEST(MaskHopperBlockMapReads, PerWarpgroupReadsAreBitIdentical) {
-  SKIP_WITHOUT_HOPPER();
-  for (const TcMaskCase& c : hopper_block_map_cases()) {
-    SCOPED_TRACE(c.name);
-    Problem pb(c.shape, DType::kBFloat16, false, std::hash<std::string>{}(c.name));
-    apply_options(c, pb.params);
-    const HostMasks masks = make_masks(c, pb.params);
-    HostTensor out[2] = {HostTensor(pb.dtype, pb.out.size()), HostTensor(pb.dtype, pb.out.size())};
-    for (int ablated = 0; ablated < 2; ++ablated) {
-      DeviceRun dev(pb, masks, false);
-      dev.params.backend = Backend::kHopper;
-      if (ablated) setenv("SAMATTN_HOPPER_ABLATION", "per_warpgroup_map_reads", 1);
-      attention_forward(dev.params, nullptr);
-      unsetenv("SAMATTN_HOPPER_ABLATION");
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      dev.out.download(out[ablated].data());
-    }
-    EXPECT_EQ(out[0].bytes, out[1].bytes);
-  }
-}
 
 // The fixed pattern's decomposition on the Hopper forward (attention/fixed_pattern.h): the
 // summary columns gathered and run as one staircase call with an fp32 output, the own blocks on

@@ -213,11 +213,6 @@ struct ForwardKernelOptions {
   // masked first softmaxes in step with the tensor cores idle under both (stop 33's D = 64
   // causal 1k trace: first softmax 2.8k cycles, the warpgroups within 0.1k of each other).
   bool narrow_first_block = true;
-  // Block-sparse: the list warp (forward_key_blocks.cuh) reads a map row once for all the
-  // warpgroups whose rows lie in it, four words (128 key blocks) per L2 round trip. Off
-  // ("per_warpgroup_map_reads"): one read per warpgroup, two words per round trip. The list is
-  // built between a tile's last K copy and the next tile's first, on the consumers' path.
-  bool batched_map_reads = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

@@ -180,13 +180,11 @@ ForwardKernelOptions forward_options_from_environment() {
       options.dynamic_schedule = false;
     } else if (item == "wide_first_block") {
       options.narrow_first_block = false;
-    } else if (item == "per_warpgroup_map_reads") {
-      options.batched_map_reads = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_staged_store, static_schedule, wide_first_block, "
-                    "per_warpgroup_map_reads and varlen_block_per_unit, got '",
+                    "no_pingpong, no_staged_store, static_schedule, wide_first_block and "
+                    "varlen_block_per_unit, got '",
                     value, "'");
     }
   }
