@@ -31,6 +31,7 @@ from collections import defaultdict
 import torch
 
 import samattn
+from samattn.bench.masks import _block_map_case, _samattn_call
 
 MAGIC = 0x53414D5452414345
 EVENTS = ["", "tile_start", "first_s_landed", "first_softmax_done", "turn_taken", "gemms_issued",
@@ -45,6 +46,9 @@ SHAPES = [
     ("D128 S16k", 1, 16, 16384, 128, {}),
     ("D64 S1k causal", 16, 16, 1024, 64, {"causal": True}),
     ("D128 S16k window256", 1, 16, 16384, 128, {"causal": True, "window": (256, 0)}),
+    # Issue 6's block map (the masks benchmark's 10% row, seed 0): ~14 key blocks a tile, whose
+    # list the producer waits for before the tile's first K.
+    ("D128 S16k block-sparse 10%", 1, 16, 16384, 128, {"block_map_fraction": 0.1}),
 ]
 
 
@@ -266,8 +270,14 @@ def run_shape(label, batch, heads, seqlen, head_dim, options, path):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16,
                            generator=gen) for _ in range(3))
-    def call():
-        samattn.attention(q, k, v, backend="hopper", **options)
+    if "block_map_fraction" in options:
+        case = _block_map_case(options["block_map_fraction"], seqlen, seed=0)
+
+        def call():
+            _samattn_call(case, q, k, v)
+    else:
+        def call():
+            samattn.attention(q, k, v, backend="hopper", **options)
 
     # Untraced calls of this build first (no file: the kernel skips its stores), then one traced.
     os.environ.pop("SAMATTN_HOPPER_TRACE_FILE", None)
@@ -299,13 +309,18 @@ def run_shape(label, batch, heads, seqlen, head_dim, options, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="hopper_forward_trace.json")
+    parser.add_argument("--shapes", default="",
+                        help="comma-separated substrings: only the shapes whose label has one")
     args = parser.parse_args()
+    wanted = [w for w in args.shapes.split(",") if w]
     path = os.path.join(tempfile.mkdtemp(), "trace.bin")
     # The tile variant traced (SAMATTN_HOPPER_TILE, "" = the default entry) and when.
     results = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("SAMATTN_COMMIT", ""),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "tile_variant": os.environ.get("SAMATTN_HOPPER_TILE", ""), "shapes": []}
     for shape in SHAPES:
+        if wanted and not any(w in shape[0] for w in wanted):
+            continue
         result = run_shape(*shape, path)
         results["shapes"].append(result)
         print(f"== {result['label']} (tile {result['block_m']} x {result['block_n']}; untraced "
