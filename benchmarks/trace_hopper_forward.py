@@ -37,7 +37,8 @@ MAGIC = 0x53414D5452414345
 EVENTS = ["", "tile_start", "first_s_landed", "first_softmax_done", "turn_taken", "gemms_issued",
           "s_landed", "softmax_done", "pv_landed", "iteration_done", "last_pv_landed",
           "epilogue_done", "unit_taken", "k_issued", "v_issued", "q_issued", "q_landed",
-          "first_k_landed", "store_released", "o_staged", "o_stage_synced", "o_store_issued"]
+          "first_k_landed", "store_released", "o_staged", "o_stage_synced", "o_store_issued",
+          "list_requested", "list_ready"]
 # (label, batch, heads, seqlen, head_dim, samattn.attention's options); the window is issue
 # 6's sliding window 256, whose tiles walk 3 key blocks (2 of them masked).
 SHAPES = [
@@ -258,7 +259,8 @@ def boundary_timeline(trace):
                 for name in ("producer.k_issued", "producer.v_issued"):
                     if name in events:
                         offsets[f"previous.last_{name}"].append(events[name] - anchor)
-                for name in ("producer.unit_taken", "producer.k_issued", "producer.q_issued",
+                for name in ("producer.unit_taken", "producer.list_requested",
+                             "producer.list_ready", "producer.k_issued", "producer.q_issued",
                              "producer.v_issued"):
                     if name in first[tile + 1]:
                         offsets[f"next.{name}"].append(first[tile + 1][name] - anchor)

@@ -101,7 +101,9 @@ __device__ __forceinline__ void producer_loop(
       int q_buffer = -1, blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
       if (sparse) {
         q_buffer = acquire_q_buffer();
+        trace(TraceEvent::kListRequested, tile_iteration, 0);
         request_key_blocks(shared, c, q_buffer, tile_iteration);
+        trace(TraceEvent::kListReady, tile_iteration, 0);
         blocks = count_listed_below(shared.key_blocks[q_buffer].tile, key_block);
       }
       auto next_key_block = [&]() {

@@ -37,6 +37,9 @@ enum class TraceEvent : uint32_t {
   kOStaged,        // the normalised O is in shared memory (this thread's part)
   kOStageSynced,   // the proxy fence and the warpgroup's named barrier are done
   kOStoreIssued,   // the TMA store of O is issued
+  // Producer's TMA thread, block-sparse calls (forward_key_blocks.cuh).
+  kListRequested,  // the tile's key-block masks are asked of the list warp
+  kListReady,      // the list warp has built them
 };
 
 // The trace file's first word ("SAMTRACE"; benchmarks/trace_hopper_forward.py checks it).
