@@ -18,7 +18,7 @@ const DeviceInfo& current_device_info() {
   SAMATTN_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
   if (static_cast<int>(cache.size()) <= device)
-    cache.resize(device + 1, DeviceInfo{-1, 0, 0, 0, 0, 0});
+    cache.resize(device + 1, DeviceInfo{-1, 0, 0, 0, 0});
   DeviceInfo& info = cache[device];
   if (info.index < 0) {
     SAMATTN_CUDA_CHECK(
@@ -29,7 +29,6 @@ const DeviceInfo& current_device_info() {
                                               cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     SAMATTN_CUDA_CHECK(
         cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device));
-    SAMATTN_CUDA_CHECK(cudaDeviceGetAttribute(&info.l2_bytes, cudaDevAttrL2CacheSize, device));
     info.index = device;
   }
   return info;

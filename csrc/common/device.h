@@ -12,7 +12,6 @@ struct DeviceInfo {
   int major, minor;    // compute capability
   int max_smem_optin;  // bytes of shared memory one block may opt in to
   int multiprocessors;
-  int l2_bytes;  // the L2 cache's size
 };
 
 // The current device's facts, queried once per device and cached.

@@ -583,30 +583,6 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
                          case_and_dtype_name);
 
-// The block map's prefetch into L2 (ForwardKernelOptions::prefetch_block_map) only moves the
-// map's bytes earlier: the same bytes out without it (the ablation no_map_prefetch), for every
-// case above (GQA, broadcast heads, maps over 128 key blocks, map columns of two key blocks).
-TEST(MaskHopperBlockMapPrefetch, NoPrefetchIsBitIdentical) {
-  SKIP_WITHOUT_HOPPER();
-  for (const TcMaskCase& c : hopper_block_map_cases()) {
-    SCOPED_TRACE(c.name);
-    Problem pb(c.shape, DType::kBFloat16, false, std::hash<std::string>{}(c.name));
-    apply_options(c, pb.params);
-    const HostMasks masks = make_masks(c, pb.params);
-    HostTensor out[2] = {HostTensor(pb.dtype, pb.out.size()), HostTensor(pb.dtype, pb.out.size())};
-    for (int ablated = 0; ablated < 2; ++ablated) {
-      DeviceRun dev(pb, masks, false);
-      dev.params.backend = Backend::kHopper;
-      if (ablated) setenv("SAMATTN_HOPPER_ABLATION", "no_map_prefetch", 1);
-      attention_forward(dev.params, nullptr);
-      unsetenv("SAMATTN_HOPPER_ABLATION");
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      dev.out.download(out[ablated].data());
-    }
-    EXPECT_EQ(out[0].bytes, out[1].bytes);
-  }
-}
-
 // The fixed pattern's decomposition on the Hopper forward (attention/fixed_pattern.h): the
 // summary columns gathered and run as one staircase call with an fp32 output, the own blocks on
 // the masked kernel merging it. Taken by the default dispatch when the workspace is given;

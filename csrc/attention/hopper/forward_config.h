@@ -213,13 +213,6 @@ struct ForwardKernelOptions {
   // masked first softmaxes in step with the tensor cores idle under both (stop 33's D = 64
   // causal 1k trace: first softmax 2.8k cycles, the warpgroups within 0.1k of each other).
   bool narrow_first_block = true;
-  // Block-sparse: an idle producer warp of every block prefetches the map entries the call can
-  // read into L2 at the kernel's start, marked to be evicted last (the launcher turns it off for
-  // a map over an eighth of L2). Each map row is read by one tile, once: without it every tile's
-  // list warp (forward_key_blocks.cuh) waited on DRAM, between the previous tile's last K copy
-  // and this tile's first (the trace of adf72b9: ~9.4k cycles there at S = 16k, 10% of the
-  // blocks listed, against ~2.2k without a map). "no_map_prefetch" turns it off.
-  bool prefetch_block_map = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

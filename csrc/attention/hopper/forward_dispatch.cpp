@@ -180,13 +180,11 @@ ForwardKernelOptions forward_options_from_environment() {
       options.dynamic_schedule = false;
     } else if (item == "wide_first_block") {
       options.narrow_first_block = false;
-    } else if (item == "no_map_prefetch") {
-      options.prefetch_block_map = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_staged_store, static_schedule, wide_first_block, "
-                    "no_map_prefetch and varlen_block_per_unit, got '",
+                    "no_pingpong, no_staged_store, static_schedule, wide_first_block and "
+                    "varlen_block_per_unit, got '",
                     value, "'");
     }
   }

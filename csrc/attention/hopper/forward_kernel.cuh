@@ -76,9 +76,6 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
       producer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);
     } else if (threadIdx.x == 32) {
       scheduler_loop(params.schedule, shared);
-    } else if (threadIdx.x / 32 == 3 && params.p.block_map != nullptr &&
-               params.options.prefetch_block_map) {
-      prefetch_block_map<Traits::kBlockN>(params.p);
     } else if (threadIdx.x / 32 == 2 && params.p.block_map != nullptr) {
       key_block_list_loop<Traits::kBlockN, Traits::kConsumerWarpgroups>(params.p, shared);
     }

@@ -47,54 +47,6 @@ __device__ __forceinline__ bool is_listed(const uint32_t* words, int block) {
   return (load_shared_word(words + block / 32) >> (block % 32)) & 1u;
 }
 
-// The map entries a call's list warp can read: per (batch, head, map row) whose stride is not 0,
-// the columns of key blocks 0 .. ceil(kept_keys / kBlockN) - 1. Host and device.
-struct BlockMapExtent {
-  int64_t batches, heads, rows, columns;
-};
-template <int kBlockN>
-__host__ __device__ inline BlockMapExtent block_map_extent(const detail::ForwardKernelParams& p) {
-  const int64_t key_blocks = (p.kept_keys + kBlockN - 1) / kBlockN;
-  return {p.block_batch_stride == 0 ? 1 : p.batch, p.block_head_stride == 0 ? 1 : p.heads_q,
-          (p.seqlen_q + p.block_q - 1) / p.block_q,
-          key_blocks == 0 ? 0 : (key_blocks - 1) * kBlockN / p.block_k + 1};
-}
-template <int kBlockN>
-__host__ __device__ inline int64_t block_map_prefetch_bytes(const detail::ForwardKernelParams& p) {
-  const BlockMapExtent e = block_map_extent<kBlockN>(p);
-  return e.batches * e.heads * e.rows * e.columns;
-}
-// The launcher prefetches a map of at most this fraction of L2 (ForwardKernelOptions).
-inline constexpr int kMapPrefetchL2Fraction = 8;
-
-// One warp per block, at the kernel's start: every map entry block_map_extent counts, into L2
-// with the evict_last priority, the grid's blocks taking map rows in turn and the warp's lanes
-// their entries. A row of contiguous columns takes one prefetch per 128-byte line it touches,
-// others one per column. The launcher has bounded the map's size (kMapPrefetchL2Fraction), so
-// int32 counts it.
-template <int kBlockN>
-__device__ __forceinline__ void prefetch_block_map(const detail::ForwardKernelParams& p) {
-  constexpr int32_t kLineBytes = 128;
-  const BlockMapExtent e = block_map_extent<kBlockN>(p);
-  const int32_t columns = static_cast<int32_t>(e.columns);
-  const bool contiguous = p.block_col_stride == 1;
-  // +1: a row that does not start on a line boundary reaches into one more line.
-  const int32_t per_row = contiguous ? (columns + kLineBytes - 1) / kLineBytes + 1 : columns;
-  const int32_t rows = static_cast<int32_t>(e.rows), heads = static_cast<int32_t>(e.heads);
-  const int32_t map_rows = static_cast<int32_t>(e.batches) * heads * rows;
-  for (int32_t map_row = blockIdx.x; map_row < map_rows; map_row += gridDim.x) {
-    const int32_t r = map_row % rows, h = map_row / rows % heads, b = map_row / rows / heads;
-    const uint8_t* row =
-        p.block_map + b * p.block_batch_stride + h * p.block_head_stride + r * p.block_row_stride;
-    for (int32_t item = threadIdx.x % 32; item < per_row; item += 32) {
-      const int32_t column = !contiguous ? item : min(item * kLineBytes, columns - 1);
-      asm volatile("prefetch.global.L2::evict_last [%0];"
-                   :
-                   : "l"(row + column * p.block_col_stride));
-    }
-  }
-}
-
 // The producer's side: asks for tile c's masks in Q buffer q_buffer (the `index`-th request of
 // the block) and waits until they are built. q_buffer < 0 tells the list warp to stop.
 template <typename SharedStorage>

@@ -106,13 +106,8 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   // supports() has checked that the tiles fit the scheduler's int32 unit indices.
   TileSchedule schedule =
       make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
-  ForwardKernelOptions options = forward_options_from_environment();
-  const detail::DeviceInfo& device = detail::current_device_info();
-  const int sms = device.multiprocessors;
-  if (p.block_map != nullptr &&
-      block_map_prefetch_bytes<Traits::kBlockN>(p) > device.l2_bytes / kMapPrefetchL2Fraction) {
-    options.prefetch_block_map = false;  // a map this large would crowd K and V out of L2
-  }
+  const ForwardKernelOptions options = forward_options_from_environment();
+  const int sms = detail::current_device_info().multiprocessors;
   int32_t* counter = options.dynamic_schedule && schedule.units > sms
                          ? detail::stream_work_counter(stream)  // null while a graph is captured
                          : nullptr;
