@@ -26,11 +26,6 @@ from samattn.bench.timing import environment_variable, measure_interleaved
 HEADS, HEAD_DIM, SEQLEN = 16, 128, 16384
 
 
-def setting(entry):
-    """The environment of an entry: (variable, value), the default's value empty."""
-    return environment_variable(*entry)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tile", action="append", default=[],
@@ -41,6 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="ab_mask_tiles.json")
     parser.add_argument("--budget-ms", type=float, default=300.0)
     args = parser.parse_args(argv)
+    # name -> the (variable, value) it runs under; the default's empty value unsets the variable.
     entries = {"default": ("SAMATTN_HOPPER_TILE", "")}
     entries.update({f"tile{t}": ("SAMATTN_HOPPER_TILE", t) for t in args.tile})
     entries.update({a: ("SAMATTN_HOPPER_ABLATION", a) for a in args.ablation})
@@ -51,16 +47,16 @@ def main(argv=None) -> int:
                            generator=gen) for _ in range(3))
     dense = MaskCase("dense (no mask)", lambda b, q_, k_: q_ >= 0, {})
     result = {**environment(), "heads": HEADS, "head_dim": HEAD_DIM, "seqlen": SEQLEN,
-              "dtype": "bf16", "entries": {n: f"{var}={value}" for n, (var, value) in entries.items()},
-              "cases": []}
+              "dtype": "bf16", "cases": [],
+              "entries": {n: f"{var}={value}" for n, (var, value) in entries.items()}}
     failed = False
     dense_ms = {}
     for case in [dense] + cases(True, SEQLEN):
         stats = {"density": 1.0} if case is dense else mask_statistics(case, SEQLEN, "cuda")
         ref = reference_rows(case, q, k, v, [0, HEADS - 1])
         row = {"case": case.name, "density": stats["density"]}
-        for name, value in entries.items():
-            with setting(value):
+        for name, env in entries.items():
+            with environment_variable(*env):
                 out = _samattn_call(case, q, k, v)
                 torch.cuda.synchronize()
             error = relative_error(out, ref)
@@ -70,7 +66,7 @@ def main(argv=None) -> int:
             del out
         calls = {name: [lambda c=case: _samattn_call(c, q, k, v)] for name in entries}
         timings = measure_interleaved(calls, rounds=4, budget_ms=args.budget_ms,
-                                      around=lambda name: setting(entries[name]))
+                                      around=lambda name: environment_variable(*entries[name]))
         for name, t in timings.items():
             row[f"{name}_ms"] = t.median_ms
             if case is dense:
