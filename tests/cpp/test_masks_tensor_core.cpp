@@ -557,6 +557,11 @@ std::vector<TcMaskCase> hopper_block_map_cases() {
       // tile has warpgroups without rows.
       with_map("map_long_keys_d64", {1, 2, 2, 200, 20000, 64, 64}, false, 128, 128),
       with_map("map_long_keys_k256_d128", {1, 1, 1, 256, 20000, 128, 128}, false, 128, 256),
+      // A window far along the keys: the last tiles' key blocks start past the masks' first
+      // word (n_first >= 32), so the list warp writes only their words and the others keep an
+      // earlier tile's bits.
+      with_map("map_window_far_keys_d128", {1, 1, 1, 4500, 4500, 128, 128}, false, 128, 128, 300,
+               0),
   };
 }
 
@@ -582,6 +587,38 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
                          ::testing::Combine(::testing::ValuesIn(hopper_block_map_cases()),
                                             ::testing::Values(DType::kFloat16, DType::kBFloat16)),
                          case_and_dtype_name);
+
+// The list warp finds a tile's coordinates itself and builds its key-block masks while the
+// producer finds them (ForwardKernelOptions::list_under_coords); asked once the producer has
+// them ("list_after_coords") it builds the same masks, so every block-map case writes the same
+// bytes, every one of them (the output is poisoned with NaN before each run).
+TEST(MaskHopperBlockMapRuns, ListAfterCoordsIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  for (const TcMaskCase& c : hopper_block_map_cases()) {
+    SCOPED_TRACE(c.name);
+    Problem pb(c.shape, DType::kBFloat16, false, std::hash<std::string>{}(c.name));
+    apply_options(c, pb.params);
+    const HostMasks masks = make_masks(c, pb.params);
+    DeviceRun dev(pb, masks, false);
+    dev.params.backend = Backend::kHopper;
+    auto run = [&](const char* ablation) {
+      dev.out.upload(pb.out);
+      if (ablation != nullptr) setenv("SAMATTN_HOPPER_ABLATION", ablation, 1);
+      attention_forward(dev.params, nullptr);
+      unsetenv("SAMATTN_HOPPER_ABLATION");
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      HostTensor got(pb.dtype, pb.out.size());
+      dev.out.download(got.data());
+      return got;
+    };
+    const HostTensor under = run(nullptr);
+    const HostTensor after = run("list_after_coords");
+    int64_t nans = 0;
+    for (int64_t i = 0; i < under.size(); ++i) nans += std::isnan(under.get(i)) ? 1 : 0;
+    EXPECT_EQ(nans, 0);
+    EXPECT_EQ(under.bytes, after.bytes);
+  }
+}
 
 // The fixed pattern's decomposition on the Hopper forward (attention/fixed_pattern.h): the
 // summary columns gathered and run as one staircase call with an fp32 output, the own blocks on

@@ -213,6 +213,10 @@ struct ForwardKernelOptions {
   // masked first softmaxes in step with the tensor cores idle under both (stop 33's D = 64
   // causal 1k trace: first softmax 2.8k cycles, the warpgroups within 0.1k of each other).
   bool narrow_first_block = true;
+  // Block-sparse calls: the producer asks the list warp for a tile's key-block masks before it
+  // finds the tile's coordinates, and the list warp finds them too, so that both run at once
+  // ("list_after_coords": asked once the producer has them, as until stop 36).
+  bool list_under_coords = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

@@ -210,11 +210,12 @@ __device__ __forceinline__ void consumer_loop(
     trace(TraceEvent::kTileStart, iteration, c.n_blocks);
     if constexpr (!kLeanTileStart) find_masked_blocks(t);
     const uint32_t* tile_mask = shared.key_blocks[t.q_buffer].tile;
-    t.tile_blocks = sparse ? count_listed_below(tile_mask, c.n_first + c.n_blocks) : c.n_blocks;
+    t.tile_blocks =
+        sparse ? count_listed(tile_mask, c.n_first, c.n_first + c.n_blocks) : c.n_blocks;
     t.own_key_end = warpgroup_key_end(geometry(t), c, c.m_begin + warpgroup_first_row);
     t.own_end_block = c.n_first + warpgroup_key_blocks<kBlockN>(c, t.own_key_end);
     t.own_blocks =
-        sparse ? count_listed_below(tile_mask, t.own_end_block) : t.own_end_block - c.n_first;
+        sparse ? count_listed(tile_mask, c.n_first, t.own_end_block) : t.own_end_block - c.n_first;
     return true;
   };
 

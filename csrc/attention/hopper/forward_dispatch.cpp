@@ -180,11 +180,13 @@ ForwardKernelOptions forward_options_from_environment() {
       options.dynamic_schedule = false;
     } else if (item == "wide_first_block") {
       options.narrow_first_block = false;
+    } else if (item == "list_after_coords") {
+      options.list_under_coords = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
-                    "no_pingpong, no_staged_store, static_schedule, wide_first_block and "
-                    "varlen_block_per_unit, got '",
+                    "no_pingpong, no_staged_store, static_schedule, wide_first_block, "
+                    "list_after_coords and varlen_block_per_unit, got '",
                     value, "'");
     }
   }

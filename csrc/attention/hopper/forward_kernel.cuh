@@ -77,7 +77,8 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
     } else if (threadIdx.x == 32) {
       scheduler_loop(params.schedule, shared);
     } else if (threadIdx.x / 32 == 2 && params.p.block_map != nullptr) {
-      key_block_list_loop<Traits::kBlockN, Traits::kConsumerWarpgroups>(params.p, shared);
+      key_block_list_loop<Traits::kBlockM, Traits::kBlockN, Traits::kConsumerWarpgroups>(params,
+                                                                                         shared);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kTile.consumer_registers()>();

@@ -32,6 +32,7 @@ __device__ __forceinline__ void producer_loop(
 
   auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   int tile_iteration = 0;  // counts the tiles published to the consumers
+  int list_requests = 0;   // block-sparse: counts the masks asked of the list warp
   // Block-sparse: each tile's copies walk the key blocks the map lists (forward_key_blocks.cuh).
   const bool sparse = params.p.block_map != nullptr;
   TraceWriter trace(params, /*lane=*/0, /*writes=*/true);
@@ -59,8 +60,22 @@ __device__ __forceinline__ void producer_loop(
       unit_released = true;
     };
     for (int half = 0; half < tiles; ++half) {
+      // Block-sparse: the list warp builds the tile's masks (in the Q buffer, so that buffer is
+      // taken first) while this thread finds the tile's coordinates, which took ~2k cycles.
+      int q_buffer = -1;
+      auto ask_for_key_blocks = [&]() {
+        q_buffer = acquire_q_buffer();
+        trace(TraceEvent::kListRequested, tile_iteration, 0);
+        request_key_blocks(shared, unit, half, q_buffer);
+      };
+      if (sparse && params.options.list_under_coords) ask_for_key_blocks();
       const TileCoords c =
           tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
+      if (sparse) {
+        if (!params.options.list_under_coords) ask_for_key_blocks();
+        wait_key_blocks(shared, list_requests++);
+        trace(TraceEvent::kListReady, tile_iteration, 0);
+      }
       if (c.rows <= 0) continue;  // past a varlen sequence's end: nobody works on it
       // A varlen sequence starts at any row of the packed tensors: its tiles are offset from it.
       Tensor gQ = local_tile(domain_offset(make_coord(c.q_row0, _0{}), mQ(_, _, c.h, c.b_tensor)),
@@ -97,15 +112,9 @@ __device__ __forceinline__ void producer_loop(
         trace(TraceEvent::kVIssued, tile_iteration, key_block - c.n_first);
       };
       // The tile's key blocks, from the last: all of [n_first, n_first + n_blocks), or the
-      // listed ones (whose masks live with the Q buffer, so that buffer is taken first).
-      int q_buffer = -1, blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
-      if (sparse) {
-        q_buffer = acquire_q_buffer();
-        trace(TraceEvent::kListRequested, tile_iteration, 0);
-        request_key_blocks(shared, c, q_buffer, tile_iteration);
-        trace(TraceEvent::kListReady, tile_iteration, 0);
-        blocks = count_listed_below(shared.key_blocks[q_buffer].tile, key_block);
-      }
+      // listed ones.
+      int blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
+      if (sparse) blocks = count_listed(shared.key_blocks[q_buffer].tile, c.n_first, key_block);
       auto next_key_block = [&]() {
         key_block =
             sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
@@ -146,7 +155,7 @@ __device__ __forceinline__ void producer_loop(
   const int q_buffer = acquire_q_buffer();
   publish_tile(shared.q_tile[q_buffer], kNoMoreTiles.unit, kNoMoreTiles.half);
   shared.barrier_q_full[q_buffer].arrive();
-  if (sparse) request_key_blocks(shared, TileCoords{}, /*q_buffer=*/-1, tile_iteration);
+  if (sparse) request_key_blocks(shared, 0, 0, /*q_buffer=*/-1);
 }
 
 // One thread of warpgroup 0 (not the TMA thread: fetching from the work counter there took

@@ -36,7 +36,9 @@ using TileCoordsSlot = PublishedSlot<12>;
 // Which key blocks of a tile the block map lists (block-sparse calls): bit n % 32 of word n / 32
 // for key block n (counted from key 0): in `rows[w]` when the map lists it for consumer
 // warpgroup w's 64 rows (they lie in one map row: supports() has block_q % 64 == 0), in `tile`
-// when it does for any of them. Only bits of the tile's key-block range are set.
+// when it does for any of them. Only the words of the tile's key-block range are written for a
+// tile (the others keep an earlier tile's bits, and no reader looks at them); only bits of the
+// range are set in them.
 inline constexpr int kKeyBlockWords = kMaxListedKeyBlocks / 32;
 template <int kWarpgroups>
 struct KeyBlockMasks {
@@ -44,12 +46,13 @@ struct KeyBlockMasks {
   uint32_t rows[kWarpgroups][kKeyBlockWords];
 };
 
-// What the producer asks the list warp for: tile (b, h) rows [m_begin, m_begin + rows), key
-// blocks [n_first, n_first + n_blocks), into Q buffer q_buffer's masks; q_buffer < 0 ends.
+// What the producer asks the list warp for: the masks of tile `half` of unit `unit` (the list
+// warp finds the tile's coordinates itself, while the producer does) into Q buffer q_buffer's
+// masks; q_buffer < 0 ends.
 struct ListRequest {
-  int32_t b, h, m_begin, rows, n_first, n_blocks, q_buffer;
+  int32_t unit, half, q_buffer;
 };
-using ListRequestSlot = PublishedSlot<8>;
+using ListRequestSlot = PublishedSlot<4>;
 
 // kVariant: the entry of forward_config.h's tile table for kHeadDim.
 template <typename Element, int kHeadDim, int kVariant>
