@@ -88,26 +88,12 @@ __device__ __forceinline__ void serve_key_block_requests(const Params& params,
     const int32_t n_end = r.n_first + r.n_blocks;
     const int word_first = r.n_first / 32;
     const int word_end = r.n_blocks > 0 ? (n_end - 1) / 32 + 1 : word_first;
-    const uint8_t* previous_row = nullptr;
-    bool previous_has_rows = false;
     for (int w = 0; w < kWarpgroups; ++w) {
       const int32_t first_row = r.m_begin + 64 * w;
       const bool has_rows = first_row < r.m_begin + r.rows;
       const uint8_t* row =
           p.block_map + int64_t{r.b} * p.block_batch_stride + int64_t{r.h} * p.block_head_stride +
           int64_t{first_row / static_cast<int32_t>(p.block_q)} * p.block_row_stride;
-      // Warpgroups in one map row (block_q >= 128) have the same words: lane 0, which wrote the
-      // previous warpgroup's, copies them.
-      if (w > 0 && row == previous_row && has_rows == previous_has_rows) {
-        if (lane == 0) {
-          for (int word = word_first; word < word_end; ++word) {
-            masks.rows[w][word] = masks.rows[w - 1][word];
-          }
-        }
-        continue;
-      }
-      previous_row = row;
-      previous_has_rows = has_rows;
       for (int word0 = word_first; word0 < word_end; word0 += kWordsPerRound) {
         bool listed[kWordsPerRound];
         CUTE_UNROLL
@@ -140,8 +126,7 @@ __device__ __forceinline__ void serve_key_block_requests(const Params& params,
 
 // The list warp: one request at a time until told to stop. It writes only the words of the
 // tile's key-block range: walking all kKeyBlockWords words took ~800 instructions a request
-// for the ~4 words of a 16k-key tile, ~6.7k cycles on the next tile's path (stop 35's trace),
-// and reads a map row once for the warpgroups in it.
+// for the ~4 words of a 16k-key tile, ~6.7k cycles on the next tile's path (stop 35's trace).
 // Per warpgroup, each lane takes key block 32 w + lane of every word w, the loads of
 // kWordsPerRound words go out together, and one ballot per word gives its mask; the tile's
 // mask is their union. Key columns map to block map columns by integer division, skipped in

@@ -71,17 +71,12 @@ __device__ __forceinline__ void producer_loop(
       if (sparse && params.options.list_under_coords) ask_for_key_blocks();
       const TileCoords c =
           tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
-      if (sparse && !params.options.list_under_coords) ask_for_key_blocks();
-      // The list is waited for once this thread has the tile's copies set up (below): those took
-      // ~1k cycles between the list and the first K.
-      auto wait_for_key_blocks = [&]() {
+      if (sparse) {
+        if (!params.options.list_under_coords) ask_for_key_blocks();
         wait_key_blocks(shared, list_requests++);
         trace(TraceEvent::kListReady, tile_iteration, 0);
-      };
-      if (c.rows <= 0) {  // past a varlen sequence's end: nobody works on it
-        if (sparse) wait_for_key_blocks();
-        continue;
       }
+      if (c.rows <= 0) continue;  // past a varlen sequence's end: nobody works on it
       // A varlen sequence starts at any row of the packed tensors: its tiles are offset from it.
       Tensor gQ = local_tile(domain_offset(make_coord(c.q_row0, _0{}), mQ(_, _, c.h, c.b_tensor)),
                              Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
@@ -119,10 +114,7 @@ __device__ __forceinline__ void producer_loop(
       // The tile's key blocks, from the last: all of [n_first, n_first + n_blocks), or the
       // listed ones.
       int blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
-      if (sparse) {
-        wait_for_key_blocks();
-        blocks = count_listed(shared.key_blocks[q_buffer].tile, c.n_first, key_block);
-      }
+      if (sparse) blocks = count_listed(shared.key_blocks[q_buffer].tile, c.n_first, key_block);
       auto next_key_block = [&]() {
         key_block =
             sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
