@@ -601,18 +601,19 @@ TEST(MaskHopperBlockMapRuns, ListAfterCoordsIsBitIdentical) {
     const HostMasks masks = make_masks(c, pb.params);
     DeviceRun dev(pb, masks, false);
     dev.params.backend = Backend::kHopper;
-    auto run = [&](const char* ablation) {
+    auto run = [&]() {
       dev.out.upload(pb.out);
-      if (ablation != nullptr) setenv("SAMATTN_HOPPER_ABLATION", ablation, 1);
       attention_forward(dev.params, nullptr);
-      unsetenv("SAMATTN_HOPPER_ABLATION");
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       HostTensor got(pb.dtype, pb.out.size());
       dev.out.download(got.data());
       return got;
     };
-    const HostTensor under = run(nullptr);
-    const HostTensor after = run("list_after_coords");
+    const HostTensor under = run();
+    const HostTensor after = [&]() {
+      const ScopedHopperAblation after_coords("list_after_coords");
+      return run();
+    }();
     int64_t nans = 0;
     for (int64_t i = 0; i < under.size(); ++i) nans += std::isnan(under.get(i)) ? 1 : 0;
     EXPECT_EQ(nans, 0);
@@ -851,9 +852,8 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
     AttentionParams other = packed;
     other.out = other_outs[i].get();
     other.lse = nullptr;
-    setenv("SAMATTN_HOPPER_ABLATION", other_schedules[i], 1);
+    const ScopedHopperAblation schedule(other_schedules[i]);
     attention_forward(other, nullptr);
-    unsetenv("SAMATTN_HOPPER_ABLATION");
   }
 
   std::vector<std::vector<float>> dense_lse(sequences);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -304,5 +305,14 @@ inline std::string hopper_skip_reason() {
     const std::string reason = hopper_skip_reason(); \
     if (!reason.empty()) GTEST_SKIP() << reason;     \
   } while (0)
+
+// Sets SAMATTN_HOPPER_ABLATION for one scope (the launcher reads it on every call).
+class ScopedHopperAblation {
+ public:
+  explicit ScopedHopperAblation(const char* value) { setenv("SAMATTN_HOPPER_ABLATION", value, 1); }
+  ~ScopedHopperAblation() { unsetenv("SAMATTN_HOPPER_ABLATION"); }
+  ScopedHopperAblation(const ScopedHopperAblation&) = delete;
+  ScopedHopperAblation& operator=(const ScopedHopperAblation&) = delete;
+};
 
 }  // namespace samattn::testing

@@ -449,13 +449,6 @@ TEST(HopperGpuRuns, RerunsAreBitIdentical) {
   EXPECT_EQ(first.bytes, second.bytes);
 }
 
-// Sets SAMATTN_HOPPER_ABLATION for one scope (the launcher reads it on every call).
-class ScopedHopperAblation {
- public:
-  explicit ScopedHopperAblation(const char* value) { setenv("SAMATTN_HOPPER_ABLATION", value, 1); }
-  ~ScopedHopperAblation() { unsetenv("SAMATTN_HOPPER_ABLATION"); }
-};
-
 // Every head dim, causal, partial tiles (300 rows): the Hopper forward's output with and
 // without `ablation` must be the same bytes.
 void expect_ablation_bit_identical(const char* ablation) {
