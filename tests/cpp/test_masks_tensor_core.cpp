@@ -589,10 +589,13 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
                          case_and_dtype_name);
 
 // The list warp finds a tile's coordinates itself and builds its key-block masks while the
-// producer finds them (ForwardKernelOptions::list_under_coords); asked once the producer has
-// them ("list_after_coords") it builds the same masks, so every block-map case writes the same
-// bytes, every one of them (the output is poisoned with NaN before each run).
-TEST(MaskHopperBlockMapRuns, ListAfterCoordsIsBitIdentical) {
+// producer finds them (ForwardKernelOptions::list_under_coords), and the tile's Q copy goes out
+// before the producer waits for them (q_before_list, the consumers waiting for the masks on
+// their own barrier). Asked once the producer has the coordinates ("list_after_coords"), or with
+// the Q copy after the list ("q_after_list"), the kernel computes the same thing, so every
+// block-map case writes the same bytes, every one of them (the output is poisoned with NaN
+// before each run).
+TEST(MaskHopperBlockMapRuns, ListOrderAblationsAreBitIdentical) {
   SKIP_WITHOUT_HOPPER();
   for (const TcMaskCase& c : hopper_block_map_cases()) {
     SCOPED_TRACE(c.name);
@@ -609,15 +612,15 @@ TEST(MaskHopperBlockMapRuns, ListAfterCoordsIsBitIdentical) {
       dev.out.download(got.data());
       return got;
     };
-    const HostTensor under = run();
-    const HostTensor after = [&]() {
-      const ScopedHopperAblation after_coords("list_after_coords");
-      return run();
-    }();
+    const HostTensor by_default = run();
     int64_t nans = 0;
-    for (int64_t i = 0; i < under.size(); ++i) nans += std::isnan(under.get(i)) ? 1 : 0;
+    for (int64_t i = 0; i < by_default.size(); ++i) nans += std::isnan(by_default.get(i)) ? 1 : 0;
     EXPECT_EQ(nans, 0);
-    EXPECT_EQ(under.bytes, after.bytes);
+    for (const char* ablation : {"list_after_coords", "q_after_list"}) {
+      SCOPED_TRACE(ablation);
+      const ScopedHopperAblation scoped(ablation);
+      EXPECT_EQ(by_default.bytes, run().bytes);
+    }
   }
 }
 

@@ -217,6 +217,10 @@ struct ForwardKernelOptions {
   // finds the tile's coordinates, and the list warp finds them too, so that both run at once
   // ("list_after_coords": asked once the producer has them, as until stop 36).
   bool list_under_coords = true;
+  // Block-sparse calls: the tile's Q copy goes out before the producer waits for the list, and
+  // the consumers wait for the masks on a barrier of their own ("q_after_list": the Q copy
+  // where a tile without a map has it, after the list, as until stop 37).
+  bool q_before_list = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

@@ -207,6 +207,10 @@ __device__ __forceinline__ void consumer_loop(
                                                   params.schedule.tile(tile.unit, tile.half));
     }
     const TileCoords& c = t.c;
+    // Block-sparse: the Q copy may land before the list warp has built the tile's masks.
+    if (sparse) {
+      shared.barrier_masks_full[t.q_buffer].wait((iteration / Traits::kQBuffers) & 1);
+    }
     trace(TraceEvent::kTileStart, iteration, c.n_blocks);
     if constexpr (!kLeanTileStart) find_masked_blocks(t);
     const uint32_t* tile_mask = shared.key_blocks[t.q_buffer].tile;

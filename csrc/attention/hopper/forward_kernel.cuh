@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
     shared.barrier_unit_empty.init(1);
     shared.barrier_list_full.init(1);
     shared.barrier_list_empty.init(32);  // every lane of the list warp
+    for (int i = 0; i < Traits::kQBuffers; ++i) shared.barrier_masks_full[i].init(32);
   }
   typename Traits::Pipeline::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kKVBytes;

@@ -118,8 +118,11 @@ __device__ __forceinline__ void serve_key_block_requests(const Params& params,
       for (int w = 0; w < kWarpgroups; ++w) any |= masks.rows[w][lane];
       masks.tile[lane] = any;
     }
-    // Every lane arrives (the barrier expects 32), each after its own stores; the producer's
-    // wait completes only after all of them.
+    // Every lane arrives (the barriers expect 32), each after its own stores; the producer's
+    // and the consumers' waits complete only after all of them. The consumers open only the
+    // tiles with rows (the producer publishes no other), so only those complete a phase of
+    // their Q buffer's barrier.
+    if (r.rows > 0) shared.barrier_masks_full[request.q_buffer].arrive();
     shared.barrier_list_empty.arrive();
   }
 }

@@ -71,12 +71,15 @@ __device__ __forceinline__ void producer_loop(
       if (sparse && params.options.list_under_coords) ask_for_key_blocks();
       const TileCoords c =
           tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry, schedule.tile(unit, half));
-      if (sparse) {
-        if (!params.options.list_under_coords) ask_for_key_blocks();
+      if (sparse && !params.options.list_under_coords) ask_for_key_blocks();
+      auto wait_for_key_blocks = [&]() {
         wait_key_blocks(shared, list_requests++);
         trace(TraceEvent::kListReady, tile_iteration, 0);
+      };
+      if (c.rows <= 0) {  // past a varlen sequence's end: nobody works on it
+        if (sparse) wait_for_key_blocks();
+        continue;
       }
-      if (c.rows <= 0) continue;  // past a varlen sequence's end: nobody works on it
       // A varlen sequence starts at any row of the packed tensors: its tiles are offset from it.
       Tensor gQ = local_tile(domain_offset(make_coord(c.q_row0, _0{}), mQ(_, _, c.h, c.b_tensor)),
                              Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
@@ -111,14 +114,6 @@ __device__ __forceinline__ void producer_loop(
         ++state;
         trace(TraceEvent::kVIssued, tile_iteration, key_block - c.n_first);
       };
-      // The tile's key blocks, from the last: all of [n_first, n_first + n_blocks), or the
-      // listed ones.
-      int blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
-      if (sparse) blocks = count_listed(shared.key_blocks[q_buffer].tile, c.n_first, key_block);
-      auto next_key_block = [&]() {
-        key_block =
-            sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
-      };
       auto load_q = [&]() {
         if (!sparse) q_buffer = acquire_q_buffer();
         publish_tile(shared.q_tile[q_buffer], unit, half);
@@ -130,16 +125,30 @@ __device__ __forceinline__ void producer_loop(
              get<0>(q_copy), get<1>(q_copy)(_, q_buffer));
         trace(TraceEvent::kQIssued, tile_iteration, q_buffer);
       };
+      // Block-sparse: the tile's Q needs no list (the consumers wait for the masks on their own
+      // barrier), so it goes out while the list warp builds them: after the list, it landed
+      // ~1.8k cycles after the consumers had finished the tile before (the trace of stop 36).
+      const bool q_before_list = sparse && params.options.q_before_list;
+      if (q_before_list) load_q();
+      if (sparse) wait_for_key_blocks();
+      // The tile's key blocks, from the last: all of [n_first, n_first + n_blocks), or the
+      // listed ones.
+      int blocks = c.n_blocks, key_block = c.n_first + c.n_blocks;
+      if (sparse) blocks = count_listed(shared.key_blocks[q_buffer].tile, c.n_first, key_block);
+      auto next_key_block = [&]() {
+        key_block =
+            sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
+      };
       // Without early_q the first K goes out before the wait for Q's buffer: with one Q buffer,
       // the K stage frees up earlier.
-      if constexpr (Traits::kTile.early_q) load_q();
+      if (Traits::kTile.early_q && !q_before_list) load_q();
       const bool last_tile = half + 1 == tiles;
       if (blocks > 0) {
         next_key_block();
         load_k(key_block);
         if (last_tile && blocks == 1) release_unit();
       }
-      if constexpr (!Traits::kTile.early_q) load_q();
+      if (!Traits::kTile.early_q && !q_before_list) load_q();
       if (blocks > 0) load_v(key_block);
       for (int left = blocks - 1; left > 0; --left) {
         next_key_block();

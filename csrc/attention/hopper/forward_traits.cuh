@@ -131,11 +131,13 @@ struct KernelTraits {
     TileCoordsSlot q_tile_coords[kQBuffers];
     // Block-sparse calls only (after the members above, which keep their offsets): the key
     // blocks the block map lists for the tile in each Q buffer (KeyBlockMasks), which the list
-    // warp builds at the producer's request (list_request; full: asked, empty: built).
+    // warp builds at the producer's request (list_request; full: asked, empty: built), and
+    // when they are built for the consumers, who may have the tile's Q before (masks_full).
     KeyBlockMasks<kConsumerWarpgroups> key_blocks[kQBuffers];
     ListRequestSlot list_request;
     cutlass::arch::ClusterBarrier barrier_list_full;
     cutlass::arch::ClusterBarrier barrier_list_empty;
+    cutlass::arch::ClusterBarrier barrier_masks_full[kQBuffers];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
