@@ -221,9 +221,9 @@ struct ForwardKernelOptions {
   // the consumers wait for the masks on a barrier of their own ("q_after_list": the Q copy
   // where a tile without a map has it, after the list, as until stop 37).
   bool q_before_list = true;
-  // With a sliding window and a positive scale, a masked block's raw scores are masked at the
-  // end(s) of the visible keys the block crosses and go through the fused FFMA
-  // ("two_sided_window_mask": scaled first and compared with both ends, as until stop 37).
+  // With a sliding window and a positive scale, a masked block's raw scores are masked and go
+  // through the fused FFMA, as an unmasked block's do ("scaled_window_mask": scaled first, then
+  // masked, as until stop 37).
   bool lean_window_mask = true;
 };
 

@@ -1,8 +1,8 @@
 // Internal: the consumers of the Hopper forward. Consumer warpgroup w owns query rows
 // [64 w, 64 w + 64) of every tile its block takes (the producer's order). Per key block:
 //   S = Q K^T (wgmma, both operands in shared memory, fp32 accumulators in registers)
-//   -> online softmax with one FFMA + exp2 per raw score (masking, and the separate scaling it
-//      needs, only on blocks that cross the end of the keys or the causal diagonal)
+//   -> online softmax with one FFMA + exp2 per raw score (masking only on blocks that cross the
+//      end of the keys, the causal diagonal or a window's ends; causal masking scales first)
 //   -> O += P V (wgmma, P rounded to the operand type and fed from registers as the A operand:
 //      the accumulator fragment of S is already the A fragment layout).
 // Within a warpgroup the softmax of block j overlaps the tensor cores' O += P_{j-1} V_{j-1}: both
