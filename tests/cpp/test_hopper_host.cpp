@@ -304,5 +304,42 @@ TEST(HopperTileTables, VariantFromTheEnvironment) {
   }
 }
 
+// SAMATTN_HOPPER_ABLATION: unset is every default option; each name in a comma-separated list
+// switches its own option and no other; an unknown name is an error naming the variable and
+// every valid name.
+TEST(HopperOptions, AblationsFromTheEnvironment) {
+  auto with = [](const char* value) {
+    setenv("SAMATTN_HOPPER_ABLATION", value, 1);
+    const ForwardKernelOptions options = forward_options_from_environment();
+    unsetenv("SAMATTN_HOPPER_ABLATION");
+    return options;
+  };
+  unsetenv("SAMATTN_HOPPER_ABLATION");
+  const ForwardKernelOptions defaults = forward_options_from_environment();
+  EXPECT_TRUE(defaults.q_before_list);
+  EXPECT_TRUE(defaults.lean_window_mask);
+  EXPECT_TRUE(defaults.list_under_coords);
+  const ForwardKernelOptions q_after_list = with("q_after_list");
+  EXPECT_FALSE(q_after_list.q_before_list);
+  EXPECT_TRUE(q_after_list.lean_window_mask);
+  EXPECT_TRUE(q_after_list.list_under_coords);
+  const ForwardKernelOptions both = with("scaled_window_mask,list_after_coords");
+  EXPECT_FALSE(both.lean_window_mask);
+  EXPECT_FALSE(both.list_under_coords);
+  EXPECT_TRUE(both.q_before_list);
+  EXPECT_TRUE(both.pingpong);
+  setenv("SAMATTN_HOPPER_ABLATION", "q_before_list", 1);
+  try {
+    forward_options_from_environment();
+    ADD_FAILURE() << "an unknown ablation was accepted";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("SAMATTN_HOPPER_ABLATION"), std::string::npos) << message;
+    EXPECT_NE(message.find("q_after_list"), std::string::npos) << message;
+    EXPECT_NE(message.find("scaled_window_mask"), std::string::npos) << message;
+  }
+  unsetenv("SAMATTN_HOPPER_ABLATION");
+}
+
 }  // namespace
 }  // namespace samattn::hopper
