@@ -141,12 +141,12 @@ __device__ __forceinline__ void producer_loop(
       more = next_tile();
       continue;
     }
-    Tensor gK = local_tile(domain_offset(make_coord(c.k_row0, _0{}), mK(_, _, c.h_kv, c.b_tensor)),
-                           Shape<typename Traits::BlockN, typename Traits::HeadDim>{},
-                           make_coord(_, _0{}));
-    Tensor gV = local_tile(domain_offset(make_coord(c.k_row0, _0{}), mV(_, _, c.h_kv, c.b_tensor)),
-                           Shape<typename Traits::BlockN, typename Traits::HeadDim>{},
-                           make_coord(_, _0{}));
+    Tensor gK =
+        local_tile(domain_offset(make_coord(c.k_row0, _0{}), mK(_, _, c.h_kv, c.b_tensor)),
+                   Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, make_coord(_, _0{}));
+    Tensor gV =
+        local_tile(domain_offset(make_coord(c.k_row0, _0{}), mV(_, _, c.h_kv, c.b_tensor)),
+                   Shape<typename Traits::BlockN, typename Traits::HeadDim>{}, make_coord(_, _0{}));
     auto k_copy = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                 group_modes<0, 2>(gK));
     auto v_copy = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -190,12 +190,12 @@ __device__ __forceinline__ void producer_loop(
     if (!prepared && Traits::kTile.early_q && !q_before_list) load_own_q();
     // The key block (counted in issue order) after whose K the producer looks ahead; blocks:
     // not on this tile.
-    const int lookahead_after =
-        lookahead && blocks > Traits::kStages ? max(Traits::kStages, blocks - kLookaheadBlocks)
-                                              : blocks;
+    const int lookahead_after = lookahead && blocks > Traits::kStages
+                                    ? max(Traits::kStages, blocks - kLookaheadBlocks)
+                                    : blocks;
     // The unit's last tile frees the scheduler's slot a block before the producer needs the
     // next unit (at the lookahead, else after its last K); -1: not this tile.
-    const int release_after = half + 1 != tiles           ? -1
+    const int release_after = half + 1 != tiles          ? -1
                               : lookahead_after < blocks ? lookahead_after - 1
                                                          : blocks - 1;
     // Without early_q the first K goes out before the wait for Q's buffer: with one Q buffer,
