@@ -94,6 +94,7 @@ METHODS = {
     "samattn-hopper-no_staged_store": samattn_backend("hopper"),
     "samattn-hopper-static_schedule": samattn_backend("hopper"),
     "samattn-hopper-wide_first_block": samattn_backend("hopper"),
+    "samattn-hopper-no_lookahead": samattn_backend("hopper"),
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off.
