@@ -71,10 +71,8 @@ __device__ __forceinline__ void producer_loop(
     release_unit();
     return take_unit();
   };
-  auto coords_at_cursor = [&]() {
-    return tile_coords<Traits::kBlockM, Traits::kBlockN>(params.geometry,
-                                                         schedule.tile(unit, half));
-  };
+  // Published by the scheduler thread with the unit, read before the unit is released.
+  auto coords_at_cursor = [&]() { return published_value<TileCoords>(shared.unit_coords[half]); };
   // Block-sparse: the list warp builds a tile's masks in its Q buffer, so that buffer is taken
   // first.
   auto ask_for_key_blocks = [&](int iteration) {
@@ -109,11 +107,11 @@ __device__ __forceinline__ void producer_loop(
   // last, the producer moves the cursor to the next tile, finds its coordinates and issues its
   // Q (block-sparse: asks for its masks too), so that at the tile boundary only the next tile's
   // first K is on its way, issued right after the last V. Needs a second Q buffer: the next
-  // tile's Q goes where the tile before the current one was. Only on tiles of more than kStages
-  // blocks, past the stage waits that hold the ring full: on shorter ones the Q buffer frees
-  // with the tile's first softmax, too late for the next tile's first K, which it would hold
-  // back.
-  constexpr int kLookaheadBlocks = 2;  // key blocks issued after the lookahead
+  // tile's Q goes where the tile before the current one was. Only on tiles of at least kStages +
+  // 2 blocks, past the stage waits that hold the ring full: earlier, the wait for the Q buffer
+  // (freed with the tile's first softmax) and the coordinates (~2k cycles) would hold back the
+  // tile's own copies (window 256's three-block tiles: 0.99x with the lookahead after the last K).
+  constexpr int kLookaheadBlocks = 2;  // the K of the tile's second-to-last block
   const bool lookahead = Traits::kQBuffers > 1 && params.options.tile_lookahead;
   // The cursor's tile was looked ahead to (not kNotAhead): its Q is in Q buffer ahead_q_buffer
   // with its coordinates published beside it, or (-1) it has no rows.
@@ -128,8 +126,8 @@ __device__ __forceinline__ void producer_loop(
     if (prepared) {
       if (q_buffer >= 0) c = published_value<TileCoords>(shared.q_tile_coords[q_buffer]);
     } else {
-      // Block-sparse: the list warp builds the masks while this thread finds the tile's
-      // coordinates, which took ~2k cycles.
+      // Block-sparse: the list warp builds the masks while this thread reads the tile's
+      // coordinates (finding them took ~2k cycles here; the scheduler thread finds them now).
       if (sparse && params.options.list_under_coords) q_buffer = ask_for_key_blocks(tile_iteration);
       c = coords_at_cursor();
       if (sparse && !params.options.list_under_coords) {
@@ -188,30 +186,28 @@ __device__ __forceinline__ void producer_loop(
           sparse ? listed_below(shared.key_blocks[q_buffer].tile, key_block) : key_block - 1;
     };
     if (!prepared && Traits::kTile.early_q && !q_before_list) load_own_q();
-    // The key block (counted in issue order) after whose K the producer looks ahead; blocks:
-    // not on this tile.
-    const int lookahead_after = lookahead && blocks > Traits::kStages
-                                    ? max(Traits::kStages, blocks - kLookaheadBlocks)
-                                    : blocks;
+    // The lookahead comes after the K of the tile's second-to-last block, on tiles where that
+    // block is past the first kStages (whose copies go out as soon as the tile starts).
+    const bool ahead_here = lookahead && blocks >= Traits::kStages + kLookaheadBlocks;
     // The unit's last tile frees the scheduler's slot a block before the producer needs the
-    // next unit (at the lookahead, else after its last K); -1: not this tile.
-    const int release_after = half + 1 != tiles          ? -1
-                              : lookahead_after < blocks ? lookahead_after - 1
-                                                         : blocks - 1;
+    // next unit (at the lookahead, else after the last K), counted in blocks still to issue.
+    const bool last_tile = half + 1 == tiles;
+    const int release_left = ahead_here ? kLookaheadBlocks + 1 : 1;
     // Without early_q the first K goes out before the wait for Q's buffer: with one Q buffer,
     // the K stage frees up earlier.
     if (blocks > 0) {
       next_key_block();
       load_k(key_block);
-      if (release_after == 0) release_unit();
+      if (last_tile && blocks == release_left) release_unit();
     }
     if (!prepared && !Traits::kTile.early_q && !q_before_list) load_own_q();
     if (blocks > 0) load_v(key_block);
-    for (int issued = 1; issued < blocks; ++issued) {
+    // left: the blocks still to issue, this one included.
+    for (int left = blocks - 1; left > 0; --left) {
       next_key_block();
       load_k(key_block);
-      if (issued == release_after) release_unit();
-      if (issued == lookahead_after) {
+      if (last_tile && left == release_left) release_unit();
+      if (ahead_here && left == kLookaheadBlocks) {
         more = next_tile();
         if (more) {
           const TileCoords next_c = coords_at_cursor();
@@ -226,7 +222,7 @@ __device__ __forceinline__ void producer_loop(
       load_v(key_block);
     }
     ++tile_iteration;
-    if (lookahead_after >= blocks) more = next_tile();
+    if (!ahead_here) more = next_tile();
   }
   // The end, in the next Q buffer's turn: no bytes to wait for, only this arrival.
   const int q_buffer = acquire_q_buffer(tile_iteration);
@@ -236,13 +232,21 @@ __device__ __forceinline__ void producer_loop(
 }
 
 // One thread of warpgroup 0 (not the TMA thread: fetching from the work counter there took
-// registers it did not have) walks the block's units, one at a time: it publishes a unit and
-// takes the next one when the producer has issued the published one's last K (next_unit).
-template <typename SharedStorage>
+// registers it did not have) walks the block's units, one at a time: it publishes a unit with its
+// tiles' coordinates and takes the next one when the producer releases the published one
+// (release_unit).
+template <int kBlockM, int kBlockN, typename SharedStorage>
 __device__ __forceinline__ void scheduler_loop(const TileSchedule& schedule,
+                                               const TileGeometry& geometry,
                                                SharedStorage& shared) {
   int32_t unit = blockIdx.x;
   for (int published = 0;; ++published) {
+    if (unit < schedule.units) {
+      for (int half = 0; half < schedule.tiles_in(unit); ++half) {
+        publish_value(shared.unit_coords[half],
+                      tile_coords<kBlockM, kBlockN>(geometry, schedule.tile(unit, half)));
+      }
+    }
     publish_tile(shared.scheduled_unit, unit, 0);
     shared.barrier_unit_full.arrive();
     if (unit >= schedule.units) return;
