@@ -138,9 +138,6 @@ struct KernelTraits {
     cutlass::arch::ClusterBarrier barrier_list_full;
     cutlass::arch::ClusterBarrier barrier_list_empty;
     cutlass::arch::ClusterBarrier barrier_masks_full[kQBuffers];
-    // The coordinates of the published unit's tiles (scheduler_loop), so that the producer,
-    // which issues every copy from one thread, reads them instead of finding them (~2k cycles).
-    TileCoordsSlot unit_coords[2];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
