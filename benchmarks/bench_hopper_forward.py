@@ -94,6 +94,7 @@ METHODS = {
     "samattn-hopper-no_staged_store": samattn_backend("hopper"),
     "samattn-hopper-static_schedule": samattn_backend("hopper"),
     "samattn-hopper-wide_first_block": samattn_backend("hopper"),
+    "samattn-hopper-no_lookahead": samattn_backend("hopper"),
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
 # every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off.
@@ -105,12 +106,14 @@ ENVIRONMENT = {
     "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
     "samattn-hopper-static_schedule": {"SAMATTN_HOPPER_ABLATION": "static_schedule"},
     "samattn-hopper-wide_first_block": {"SAMATTN_HOPPER_ABLATION": "wide_first_block"},
+    "samattn-hopper-no_lookahead": {"SAMATTN_HOPPER_ABLATION": "no_lookahead"},
 }
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_staged_store",
-                    "samattn-hopper-static_schedule", "samattn-hopper-wide_first_block")
+                    "samattn-hopper-static_schedule", "samattn-hopper-wide_first_block",
+                    "samattn-hopper-no_lookahead")
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
-                    "wide_first_block": "-nb"}
+                    "wide_first_block": "-nb", "no_lookahead": "-la"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
 # Q buffers).
 TILE_LEGEND = {
@@ -369,7 +372,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ablations", nargs="*", default=[],
                         choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / O staged through "
-                             "shared memory / the work counter / the narrow first block")
+                             "shared memory / the work counter / the narrow first block / the "
+                             "tile lookahead")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

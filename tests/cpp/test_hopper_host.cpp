@@ -319,10 +319,16 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
   EXPECT_TRUE(defaults.q_before_list);
   EXPECT_TRUE(defaults.lean_window_mask);
   EXPECT_TRUE(defaults.list_under_coords);
+  EXPECT_TRUE(defaults.tile_lookahead);
   const ForwardKernelOptions q_after_list = with("q_after_list");
   EXPECT_FALSE(q_after_list.q_before_list);
   EXPECT_TRUE(q_after_list.lean_window_mask);
   EXPECT_TRUE(q_after_list.list_under_coords);
+  EXPECT_TRUE(q_after_list.tile_lookahead);
+  const ForwardKernelOptions no_lookahead = with("no_lookahead");
+  EXPECT_FALSE(no_lookahead.tile_lookahead);
+  EXPECT_TRUE(no_lookahead.q_before_list);
+  EXPECT_TRUE(no_lookahead.lean_window_mask);
   const ForwardKernelOptions both = with("scaled_window_mask,list_after_coords");
   EXPECT_FALSE(both.lean_window_mask);
   EXPECT_FALSE(both.list_under_coords);
@@ -337,6 +343,7 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
     EXPECT_NE(message.find("SAMATTN_HOPPER_ABLATION"), std::string::npos) << message;
     EXPECT_NE(message.find("q_after_list"), std::string::npos) << message;
     EXPECT_NE(message.find("scaled_window_mask"), std::string::npos) << message;
+    EXPECT_NE(message.find("no_lookahead"), std::string::npos) << message;
   }
   unsetenv("SAMATTN_HOPPER_ABLATION");
 }

@@ -592,8 +592,9 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, MaskHopperBlockMap,
 // producer finds them (ForwardKernelOptions::list_under_coords), and the tile's Q copy goes out
 // before the producer waits for them (q_before_list, the consumers waiting for the masks on
 // their own barrier). Asked once the producer has the coordinates ("list_after_coords"), or with
-// the Q copy after the list ("q_after_list"), the kernel computes the same thing, so every
-// block-map case writes the same bytes, every one of them (the output is poisoned with NaN
+// the Q copy after the list ("q_after_list"), or with each tile's list and Q taken at the tile
+// boundary rather than a tile ahead ("no_lookahead"), the kernel computes the same thing, so
+// every block-map case writes the same bytes, every one of them (the output is poisoned with NaN
 // before each run).
 TEST(MaskHopperBlockMapRuns, ListOrderAblationsAreBitIdentical) {
   SKIP_WITHOUT_HOPPER();
@@ -616,7 +617,7 @@ TEST(MaskHopperBlockMapRuns, ListOrderAblationsAreBitIdentical) {
     int64_t nans = 0;
     for (int64_t i = 0; i < by_default.size(); ++i) nans += std::isnan(by_default.get(i)) ? 1 : 0;
     EXPECT_EQ(nans, 0);
-    for (const char* ablation : {"list_after_coords", "q_after_list"}) {
+    for (const char* ablation : {"list_after_coords", "q_after_list", "no_lookahead"}) {
       SCOPED_TRACE(ablation);
       const ScopedHopperAblation scoped(ablation);
       EXPECT_EQ(by_default.bytes, run().bytes);

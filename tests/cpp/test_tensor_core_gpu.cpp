@@ -486,6 +486,33 @@ TEST(HopperGpuRuns, WideFirstBlockIsBitIdentical) {
   expect_ablation_bit_identical("wide_first_block");
 }
 
+// The tile lookahead only moves when the producer finds the next tile and issues its Q (a tile
+// ahead, or at the boundary): the partial causal tiles above, then more work units than SMs, so
+// blocks chain tiles of several units (causal pairs, and the 16-block tiles of 2k keys, where
+// the lookahead runs on every tile), and grouped heads, every head dim with two Q buffers. Then
+// S = 1050 (more units than SMs): each head's last tile has 26 rows, so its upper warpgroup
+// computes no block and passes on all of them, between tiles whose O is staged; without its
+// early release of the previous tile's buffer (start_tile) this hung.
+TEST(HopperGpuRuns, TileLookaheadIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  expect_ablation_bit_identical("no_lookahead");
+  const Shape shapes[] = {{2, 16, 4, 1000, 2048, 0, 0}, {4, 16, 4, 1050, 1050, 0, 0}};
+  for (int64_t d : {64, 128, 192}) {
+    for (bool causal : {false, true}) {
+      for (Shape shape : shapes) {
+        SCOPED_TRACE(::testing::Message()
+                     << "head dim " << d << " causal " << causal << " sq " << shape.seqlen_q);
+        shape.head_dim = shape.head_dim_v = d;
+        Problem pb(shape, DType::kBFloat16);
+        pb.params.causal = causal;
+        const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
+        const ScopedHopperAblation off("no_lookahead");
+        EXPECT_EQ(run_on_device(pb, Backend::kHopper, nullptr).bytes, with.bytes);
+      }
+    }
+  }
+}
+
 // More work units than SMs, so the blocks take units from the stream's work counter (every head
 // dim; causal pairs of unequal cost at head dim 64's 192-row tiles): the same bytes as the static
 // round robin, on every rerun (each launch must leave the counter at zero for the next).

@@ -3,7 +3,9 @@ forward_consumer.cuh), to look for deadlocks without a GPU.
 
 What it keeps of the kernel: the producer's order of copies (per tile: its first K, then its Q
 once the Q buffer is free, then that first V, then K, V of each further block; with
-ForwardTile::early_q the Q before the first K), the kStages-deep K and V rings (a copy waits
+ForwardTile::early_q the Q before the first K; with the tile lookahead,
+ForwardKernelOptions::tile_lookahead, a tile of at least kStages + 2 blocks issues the next
+tile's Q after the K of its second-to-last block, and the next tile then has its Q), the kStages-deep K and V rings (a copy waits
 until every consumer warpgroup has released the stage's previous load), the Q buffers (a tile's Q waits until every warpgroup has released the tile kQBuffers
 earlier; with O staged through shared memory a warpgroup releases it only after its next tile's
 first block), the turns (named barriers passed around the warpgroups; each warpgroup takes
@@ -31,8 +33,10 @@ class Tile:
 class Protocol:
     """Shared state: copies issued, releases per load, turn-barrier arrivals."""
 
-    def __init__(self, tiles, warpgroups, stages, q_buffers, early_q=False):
+    def __init__(self, tiles, warpgroups, stages, q_buffers, early_q=False, lookahead=False,
+                 early_release=True):
         self.tiles, self.warpgroups, self.early_q = tiles, warpgroups, early_q
+        self.lookahead, self.early_release = lookahead, early_release
         self.stages, self.q_buffers = stages, q_buffers
         self.k_issued = self.v_issued = 0  # loads issued so far (global load index)
         self.q_published = 0               # tiles (and the end marker) published
@@ -49,20 +53,27 @@ class Protocol:
 
 def producer(p):
     load = 0
+    ahead = False  # this tile's Q went out during the tile before (the lookahead)
     for t, tile in enumerate(p.tiles):
-        if p.early_q:
+        prepared, ahead = ahead, False
+        if p.early_q and not prepared:
             yield lambda t=t: p.released(p.q_released, t - p.q_buffers)
             p.q_published += 1
         if tile.blocks > 0:  # without early_q, before the wait for the Q buffer
             yield lambda load=load: p.released(p.k_released, load - p.stages)
             p.k_issued += 1
-        if not p.early_q:
+        if not p.early_q and not prepared:
             yield lambda t=t: p.released(p.q_released, t - p.q_buffers)
             p.q_published += 1
+        here = p.lookahead and tile.blocks >= p.stages + 2 and t + 1 < len(p.tiles)
         for block in range(tile.blocks):
             if block > 0:
                 yield lambda load=load: p.released(p.k_released, load - p.stages)
                 p.k_issued += 1
+            if here and block == tile.blocks - 2:  # the next tile's Q, a tile ahead
+                yield lambda t=t: p.released(p.q_released, t + 1 - p.q_buffers)
+                p.q_published += 1
+                ahead = True
             yield lambda load=load: p.released(p.v_released, load - p.stages)
             p.v_issued += 1
             load += 1
@@ -101,6 +112,8 @@ def consumer(p, w, stage_o):
                 yield from turn()
 
     def start_tile(tile):
+        if p.early_release and tile.own[w] < 2:  # the kernel's start_tile: before it passes on
+            release_stored()
         yield from pass_on_skipped(tile)
         if tile.own[w] > 0:
             yield lambda s=state: p.k_issued > s  # the first S GEMM's K
@@ -159,11 +172,12 @@ def consumer(p, w, stage_o):
         finish(t, tile, v_state)
 
 
-def run(tiles, warpgroups, stages, q_buffers, rng, early_q=False, stage_o=None):
+def run(tiles, warpgroups, stages, q_buffers, rng, early_q=False, stage_o=None, lookahead=False,
+        early_release=True):
     """One random interleaving; returns None when every actor finished, else a description of
     the deadlock. stage_o: O staged in the Q buffer (released after the next tile's first
     block); None = the kernel's rule (kCanStageO: two Q buffers, two consumer warpgroups)."""
-    p = Protocol(tiles, warpgroups, stages, q_buffers, early_q)
+    p = Protocol(tiles, warpgroups, stages, q_buffers, early_q, lookahead, early_release)
     if stage_o is None:
         stage_o = q_buffers > 1 and warpgroups == 2
     actors = {"producer": producer(p)}
@@ -190,19 +204,21 @@ def run(tiles, warpgroups, stages, q_buffers, rng, early_q=False, stage_o=None):
 def random_tiles(rng, warpgroups):
     tiles = []
     for _ in range(rng.randint(1, 6)):
-        blocks = rng.randint(0, 6)
+        blocks = rng.randint(0, 8)
         tiles.append(Tile(blocks, [rng.randint(0, blocks) for _ in range(warpgroups)]))
     return tiles
 
 
-def count_deadlocks(trials, seed=0, early_q=False, q_buffers=2, stage_o=None):
+def count_deadlocks(trials, seed=0, early_q=False, q_buffers=2, stage_o=None, lookahead=False,
+                    early_release=True):
     rng = random.Random(seed)
     deadlocks = 0
     for _ in range(trials):
         warpgroups = rng.choice([2, 3])
         stages = rng.choice([2, 3])
         tiles = random_tiles(rng, warpgroups)
-        if run(tiles, warpgroups, stages, q_buffers, rng, early_q, stage_o) is not None:
+        if run(tiles, warpgroups, stages, q_buffers, rng, early_q, stage_o, lookahead,
+               early_release) is not None:
             deadlocks += 1
     return deadlocks
 
@@ -213,6 +229,16 @@ if __name__ == "__main__":
             deadlocks = count_deadlocks(3000, early_q=early_q, q_buffers=q_buffers)
             print(f"{q_buffers} Q buffer(s), Q {'before' if early_q else 'after'} the first K: "
                   f"{deadlocks} deadlocks in 3000 schedules")
+    for early_q in (False, True):
+        deadlocks = count_deadlocks(3000, early_q=early_q, lookahead=True)
+        print(f"2 Q buffers with the tile lookahead, Q {'before' if early_q else 'after'} the "
+              f"first K: {deadlocks} deadlocks in 3000 schedules")
+    deadlocks = count_deadlocks(3000, lookahead=True, early_release=False)
+    print(f"The lookahead without the early release of a warpgroup with at most one block: "
+          f"{deadlocks} deadlocks in 3000 schedules")
+    deadlocks = count_deadlocks(3000, q_buffers=1, lookahead=True)
+    print(f"The lookahead with one Q buffer (what the kernel's kQBuffers > 1 forbids): {deadlocks} "
+          "deadlocks in 3000 schedules")
     deadlocks = count_deadlocks(3000, q_buffers=1, stage_o=True)
     print(f"O staged with one Q buffer (what kCanStageO forbids): {deadlocks} deadlocks in 3000 "
           "schedules")

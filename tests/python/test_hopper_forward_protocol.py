@@ -1,8 +1,10 @@
 """The Hopper forward's block protocol, modelled (tests/emulation/hopper_forward_pipeline.py):
 random interleavings of the producer and the consumer warpgroups over random tiles must never
-deadlock, with one or two Q buffers and the Q copied before or after each tile's first K
-(ForwardTile::early_q); staging O in the only Q buffer, which the kernel never does, must
-deadlock (the model can find one). CPU only."""
+deadlock, with one or two Q buffers, the Q copied before or after each tile's first K
+(ForwardTile::early_q) and the tile lookahead (two Q buffers); staging O in the only Q buffer,
+which the kernel never does, must deadlock, and so must the lookahead without the early release
+of a warpgroup that computes at most one of a tile's blocks (the model can find both). CPU
+only."""
 
 import importlib.util
 import os
@@ -40,3 +42,21 @@ def test_rows_past_the_sequence_end(early_q):
     tiles = [model.Tile(2, [2, 2]), model.Tile(2, [2, 0])]
     rng = random.Random(4)
     assert all(model.run(tiles, 2, 2, 2, rng, early_q) is None for _ in range(200))
+
+
+@pytest.mark.parametrize("early_q", [False, True])
+def test_the_lookahead_never_deadlocks(early_q):
+    assert model.count_deadlocks(SCHEDULES, seed=11 + early_q, early_q=early_q,
+                                 lookahead=True) == 0
+
+
+def test_the_lookahead_needs_the_early_release():
+    """S = 1050 at head dim 128: the last tile's upper warpgroup has no row and passes on all of
+    its blocks; without releasing the tile before's staged buffer first, it waits for stages the
+    producer issues only after the lookahead, which waits for that buffer."""
+    tiles = [model.Tile(9, [9, 9]), model.Tile(9, [9, 0]), model.Tile(9, [9, 9])]
+    rng = random.Random(5)
+    assert all(model.run(tiles, 2, 2, 2, rng, lookahead=True) is None for _ in range(200))
+    assert any(model.run(tiles, 2, 2, 2, rng, lookahead=True, early_release=False) is not None
+               for _ in range(200))
+    assert model.count_deadlocks(SCHEDULES, seed=13, lookahead=True, early_release=False) > 0

@@ -225,6 +225,11 @@ struct ForwardKernelOptions {
   // through the fused FFMA, as an unmasked block's do ("scaled_window_mask": scaled first, then
   // masked, as until stop 37).
   bool lean_window_mask = true;
+  // With two Q buffers, a tile of more than `stages` key blocks takes the next tile's
+  // coordinates and issues its Q two key blocks before its last, so that only the next tile's
+  // first K is in flight at the boundary (forward_producer.cuh; "no_lookahead": the next tile's
+  // coordinates and Q at the boundary, as until stop 38).
+  bool tile_lookahead = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

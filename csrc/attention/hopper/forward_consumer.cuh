@@ -231,6 +231,13 @@ __device__ __forceinline__ void consumer_loop(
   // the first), so the turns of all warpgroups stay in step. Then, if it sees any block, it waits
   // for the first one's K and issues the tile's first S GEMM.
   auto start_tile = [&](TileState & t) __attribute__((always_inline)) {
+    // A warpgroup that computes at most one of the tile's blocks releases the previous tile's
+    // staged buffer now, not after its first block: the producer's lookahead waits for that
+    // buffer after the K of the tile's second-to-last block, and such a warpgroup would otherwise
+    // wait first for later stages (the ones it passes on, or its only block's K): a deadlock the
+    // protocol model found (tests/emulation/hopper_forward_pipeline.py; e.g. S = 1050 at head dim
+    // 128, whose last tile's upper warpgroup has no row).
+    if (t.own_blocks < 2) release_stored_q_buffer();
     const int idle_turns = t.tile_blocks - max(t.own_blocks, 1);
     for (int skipped = 0; skipped < t.tile_blocks - t.own_blocks; ++skipped) {
       pipeline_k.consumer_wait(state);

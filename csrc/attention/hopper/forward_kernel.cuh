@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(KernelTraits<Element, kHeadDim, kVariant>::kTh
     if (threadIdx.x == 0) {
       producer_loop<Element, kHeadDim, kVariant>(params, shared, pipeline_k, pipeline_v);
     } else if (threadIdx.x == 32) {
-      scheduler_loop(params.schedule, shared);
+      scheduler_loop<Traits::kBlockM, Traits::kBlockN>(params.schedule, params.geometry, shared);
     } else if (threadIdx.x / 32 == 2 && params.p.block_map != nullptr) {
       key_block_list_loop<Traits::kBlockM, Traits::kBlockN, Traits::kConsumerWarpgroups>(params,
                                                                                          shared);

@@ -138,6 +138,9 @@ struct KernelTraits {
     cutlass::arch::ClusterBarrier barrier_list_full;
     cutlass::arch::ClusterBarrier barrier_list_empty;
     cutlass::arch::ClusterBarrier barrier_masks_full[kQBuffers];
+    // The coordinates of the published unit's tiles (scheduler_loop), so that the producer,
+    // which issues every copy from one thread, reads them instead of finding them (~2k cycles).
+    TileCoordsSlot unit_coords[2];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= forward_smem_bytes(kTile, kHeadDim, sizeof(Element)),
@@ -261,6 +264,37 @@ __device__ __forceinline__ void publish_value(PublishedSlot<kWords>& slot, const
                  "r"(w[i + 1]), "r"(w[i + 2]), "r"(w[i + 3])
                  : "memory");
   }
+}
+
+// A published value copied from one slot to another 16 bytes at a time, so that it is never in
+// registers whole (the producer's copy of a looked-ahead tile's coordinates: whole, they spilled).
+template <int kWords>
+__device__ __forceinline__ void copy_published(PublishedSlot<kWords>& to,
+                                               const PublishedSlot<kWords>& from) {
+  const uint32_t from_address = cute::cast_smem_ptr_to_uint(&from);
+  const uint32_t to_address = cute::cast_smem_ptr_to_uint(&to);
+  CUTE_UNROLL
+  for (int i = 0; i < kWords; i += 4) {
+    int32_t w0, w1, w2, w3;
+    asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                 : "r"(from_address + 4 * i)
+                 : "memory");
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(to_address + 4 * i), "r"(w0),
+                 "r"(w1), "r"(w2), "r"(w3)
+                 : "memory");
+  }
+}
+
+// One 32-bit member of a published value, at byte offset `offset` of the value.
+template <int kWords>
+__device__ __forceinline__ int32_t published_word(const PublishedSlot<kWords>& slot, int offset) {
+  int32_t w;
+  asm volatile("ld.volatile.shared.s32 %0, [%1];"
+               : "=r"(w)
+               : "r"(cute::cast_smem_ptr_to_uint(&slot) + offset)
+               : "memory");
+  return w;
 }
 
 template <typename T, int kWords>
