@@ -87,6 +87,32 @@ def test_forward_fuzz_per_dtype(dtype):
     case()
 
 
+# More work units (query tiles) than SMs, so each persistent block chains several tiles of
+# different heads, sequences and lengths: the tile-to-tile protocol (the lookahead, the staged
+# output, a warpgroup without rows in a tile) runs on every call. 2 x 16..32 heads x Sq >= 1000 is
+# at least 192 tiles of 192 rows, above the 132 SMs of an H100 or H200 (the shapes of the other
+# fuzz have fewer units than SMs: a deadlock of stop 38 slipped through them). fp16 and bf16,
+# where the Hopper path runs.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_forward_fuzz_with_more_tiles_than_sms(dtype):
+    @settings(max_examples=max(FUZZ_EXAMPLES // 10, 6), deadline=None, derandomize=False,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(heads=st.sampled_from([(16, 1), (8, 2), (4, 4), (32, 1), (8, 4)]),
+           seqlen_q=st.integers(1000, 2100), seqlen_k=st.integers(1, 2100),
+           head_dim=st.sampled_from([64, 96, 128, 192, 256]), causal=st.booleans(),
+           kv_stride=st.sampled_from([1, 1, 2, 3, 4]), seed=st.integers(0, 2**31 - 1))
+    def case(heads, seqlen_q, seqlen_k, head_dim, causal, kv_stride, seed):
+        heads_kv, group = heads
+        q, k, v = make_qkv(2, heads_kv * group, heads_kv, seqlen_q, seqlen_k, head_dim,
+                           dtype=dtype, device="cuda", seed=seed)
+        options = dict(causal=causal, kv_stride=kv_stride, scale=None)
+        out = run_poisoned(q, k, v, **options)
+        used = samattn.selected_backend(q, k, v, causal=causal, kv_stride=kv_stride)
+        check_forward(out, q, k, v, used, **options)
+
+    case()
+
+
 def term_scales(q, k, v, dout, scale):
     """The size of the terms each gradient sums: dq ~ scale·|dout||v|·|k|, dk ~ scale·|dout||v|·|q|,
     dv ~ |dout| (probabilities sum to 1)."""
