@@ -249,6 +249,20 @@ struct TileCoords {
   int32_t n_blocks;  // key blocks n_first, n_first + 1, ...: walked from the last to the first
 };
 
+// 16 bytes of shared memory at `address`: four words stored, or loaded without caching in
+// registers across the barrier wait that orders them (the published slots below).
+__device__ __forceinline__ void store_shared_v4(uint32_t address, const int32_t* w) {
+  asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+__device__ __forceinline__ void load_shared_v4(uint32_t address, int32_t* w) {
+  asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(address)
+               : "memory");
+}
+
 // A value published through a slot like publish_tile's unit: stored before the writer's arrival
 // on a barrier and loaded after the readers' wait on it, with the same memory clobbers, one
 // 16-byte word at a time.
@@ -259,11 +273,7 @@ __device__ __forceinline__ void publish_value(PublishedSlot<kWords>& slot, const
   memcpy(w, &value, sizeof(value));
   const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
   CUTE_UNROLL
-  for (int i = 0; i < kWords; i += 4) {
-    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(address + 4 * i), "r"(w[i]),
-                 "r"(w[i + 1]), "r"(w[i + 2]), "r"(w[i + 3])
-                 : "memory");
-  }
+  for (int i = 0; i < kWords; i += 4) store_shared_v4(address + 4 * i, &w[i]);
 }
 
 // A published value copied from one slot to another 16 bytes at a time, so that it is never in
@@ -275,14 +285,9 @@ __device__ __forceinline__ void copy_published(PublishedSlot<kWords>& to,
   const uint32_t to_address = cute::cast_smem_ptr_to_uint(&to);
   CUTE_UNROLL
   for (int i = 0; i < kWords; i += 4) {
-    int32_t w0, w1, w2, w3;
-    asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                 : "r"(from_address + 4 * i)
-                 : "memory");
-    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(to_address + 4 * i), "r"(w0),
-                 "r"(w1), "r"(w2), "r"(w3)
-                 : "memory");
+    int32_t w[4];
+    load_shared_v4(from_address + 4 * i, w);
+    store_shared_v4(to_address + 4 * i, w);
   }
 }
 
@@ -303,12 +308,7 @@ __device__ __forceinline__ T published_value(const PublishedSlot<kWords>& slot) 
   int32_t w[kWords];
   const uint32_t address = cute::cast_smem_ptr_to_uint(&slot);
   CUTE_UNROLL
-  for (int i = 0; i < kWords; i += 4) {
-    asm volatile("ld.volatile.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
-                 : "r"(address + 4 * i)
-                 : "memory");
-  }
+  for (int i = 0; i < kWords; i += 4) load_shared_v4(address + 4 * i, &w[i]);
   T value;
   memcpy(&value, w, sizeof(value));
   return value;
