@@ -84,36 +84,26 @@ def samattn_backend(backend):
 
 # The tuning build's other entries of a head dim's tile table (SAMATTN_HOPPER_TILE).
 TILE_VARIANTS = (1, 2)
+# SAMATTN_HOPPER_ABLATION values this script can time beside the default, and their columns.
+ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
+                    "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt"}
+TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
+ABLATION_METHODS = tuple(f"samattn-hopper-{a}" for a in ABLATION_COLUMNS)
 METHODS = {
     "samattn-hopper": samattn_backend("hopper"),
     "samattn-tensor_core": samattn_backend("tensor_core"),
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-    **{f"samattn-hopper-tile{t}": samattn_backend("hopper") for t in TILE_VARIANTS},
-    "samattn-hopper-no_pingpong": samattn_backend("hopper"),
-    "samattn-hopper-no_staged_store": samattn_backend("hopper"),
-    "samattn-hopper-static_schedule": samattn_backend("hopper"),
-    "samattn-hopper-wide_first_block": samattn_backend("hopper"),
-    "samattn-hopper-no_lookahead": samattn_backend("hopper"),
+    **{name: samattn_backend("hopper") for name in TILE_METHODS + ABLATION_METHODS},
 }
 # Environment set around a method's whole measurement (the launcher reads both variables on
-# every call). SAMATTN_HOPPER_ABLATION: the Hopper path with an overlap feature switched off.
+# every call). SAMATTN_HOPPER_ABLATION: the Hopper path with a feature switched off.
 # SAMATTN_HOPPER_TILE: another entry of the head dim's tile table (tuning builds, head dims 64
 # and 128).
 ENVIRONMENT = {
     **{f"samattn-hopper-tile{t}": {"SAMATTN_HOPPER_TILE": str(t)} for t in TILE_VARIANTS},
-    "samattn-hopper-no_pingpong": {"SAMATTN_HOPPER_ABLATION": "no_pingpong"},
-    "samattn-hopper-no_staged_store": {"SAMATTN_HOPPER_ABLATION": "no_staged_store"},
-    "samattn-hopper-static_schedule": {"SAMATTN_HOPPER_ABLATION": "static_schedule"},
-    "samattn-hopper-wide_first_block": {"SAMATTN_HOPPER_ABLATION": "wide_first_block"},
-    "samattn-hopper-no_lookahead": {"SAMATTN_HOPPER_ABLATION": "no_lookahead"},
+    **{f"samattn-hopper-{a}": {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS},
 }
-TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
-ABLATION_METHODS = ("samattn-hopper-no_pingpong", "samattn-hopper-no_staged_store",
-                    "samattn-hopper-static_schedule", "samattn-hopper-wide_first_block",
-                    "samattn-hopper-no_lookahead")
-ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
-                    "wide_first_block": "-nb", "no_lookahead": "-la"}
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
 # Q buffers).
 TILE_LEGEND = {
@@ -373,7 +363,7 @@ def main(argv=None) -> int:
                         choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / O staged through "
                              "shared memory / the work counter / the narrow first block / the "
-                             "tile lookahead")
+                             "tile lookahead / the causal tail of single tiles")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)
