@@ -86,7 +86,7 @@ def samattn_backend(backend):
 TILE_VARIANTS = (1, 2)
 # SAMATTN_HOPPER_ABLATION values this script can time beside the default, and their columns.
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
-                    "wide_first_block": "-nb", "no_lookahead": "-la"}
+                    "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt"}
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = tuple(f"samattn-hopper-{a}" for a in ABLATION_COLUMNS)
 METHODS = {
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
                         choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / O staged through "
                              "shared memory / the work counter / the narrow first block / the "
-                             "tile lookahead")
+                             "tile lookahead / the causal tail of single tiles")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

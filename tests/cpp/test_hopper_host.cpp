@@ -49,15 +49,46 @@ TEST(HopperSchedule, EveryTileOnceForAnyGrid) {
       {1, 1, false},   {1, 1, true},      {3, 128, true},    {3, 129, true},   {2, 589, true},
       {2, 589, false}, {256, 1024, true}, {16, 16384, true}, {7, 1000, false}, {50, 300, true}};
   for (const ScheduleCase& c : cases) {
-    const TileSchedule s = make_tile_schedule(c.batch_heads, c.seqlen_q, 128, c.causal);
-    for (int grid : {1, 2, 5, 132, 1000}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "batch_heads " << c.batch_heads << " seqlen_q " << c.seqlen_q << " causal "
-                   << c.causal << " grid " << grid);
-      const std::vector<int> count = visits(s, grid, c.batch_heads);
-      EXPECT_TRUE(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
+    // Without a tail of single tiles, with one of a few units, and with one longer than the
+    // whole schedule (every head in it).
+    for (int64_t tail_units : {0, 3, 264, 1 << 20}) {
+      const TileSchedule s =
+          make_tile_schedule(c.batch_heads, c.seqlen_q, 128, c.causal, tail_units);
+      for (int grid : {1, 2, 5, 132, 1000}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "batch_heads " << c.batch_heads << " seqlen_q " << c.seqlen_q << " causal "
+                     << c.causal << " tail_units " << tail_units << " grid " << grid);
+        const std::vector<int> count = visits(s, grid, c.batch_heads);
+        EXPECT_TRUE(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
+      }
     }
   }
+}
+
+// The tail of a causal schedule: whole heads, at least tail_units units' worth, the last ones;
+// their tiles one per unit after every pair, heaviest (highest m_block) first; a schedule without
+// pairs has none.
+TEST(HopperSchedule, CausalTailIsTheLastHeadsSingleTilesHeaviestFirst) {
+  const TileSchedule s = make_tile_schedule(16, 16384, 192, true, 264);
+  ASSERT_TRUE(s.paired);
+  EXPECT_EQ(s.m_blocks, 86);
+  EXPECT_EQ(s.units_per_head, 43);
+  EXPECT_EQ(s.tail_heads, 7);  // ceil(264 / 43)
+  EXPECT_EQ(s.paired_units, 9 * 43);
+  EXPECT_EQ(s.units, 9 * 43 + 7 * 86);
+  for (int32_t unit = 0; unit < s.units; ++unit) {
+    const bool tail = unit >= s.paired_units;
+    EXPECT_EQ(s.tiles_in(unit), tail ? 1 : 2);
+    if (tail && unit + 1 < s.units) {
+      EXPECT_GE(s.tile(unit, 0).m_block, s.tile(unit + 1, 0).m_block);
+      EXPECT_GE(s.tile(unit, 0).batch_head, 9);
+    }
+  }
+  EXPECT_EQ(s.tile(s.paired_units, 0).m_block, 85);
+  EXPECT_EQ(s.tile(s.units - 1, 0).m_block, 0);
+  const TileSchedule dense = make_tile_schedule(16, 16384, 192, false, 264);
+  EXPECT_EQ(dense.tail_heads, 0);
+  EXPECT_EQ(dense.units, 16 * 86);
 }
 
 // The dynamic schedule's work counter (next_unit in forward_scheduler.h) with the blocks'
@@ -68,7 +99,7 @@ TEST(HopperSchedule, WorkCounterHandsOutEveryUnitOnceAndEndsAtZero) {
   const ScheduleCase cases[] = {
       {1, 129, false}, {3, 589, true}, {50, 300, true}, {64, 4096, false}, {512, 512, true}};
   for (const ScheduleCase& c : cases) {
-    const TileSchedule s = make_tile_schedule(c.batch_heads, c.seqlen_q, 192, c.causal);
+    const TileSchedule s = make_tile_schedule(c.batch_heads, c.seqlen_q, 192, c.causal, 264);
     for (int grid : {1, 5, 132}) {
       if (s.units < grid) continue;  // the launcher passes no counter then
       SCOPED_TRACE(::testing::Message() << "units " << s.units << " grid " << grid);
@@ -320,6 +351,7 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
   EXPECT_TRUE(defaults.lean_window_mask);
   EXPECT_TRUE(defaults.list_under_coords);
   EXPECT_TRUE(defaults.tile_lookahead);
+  EXPECT_TRUE(defaults.tail_singles);
   const ForwardKernelOptions q_after_list = with("q_after_list");
   EXPECT_FALSE(q_after_list.q_before_list);
   EXPECT_TRUE(q_after_list.lean_window_mask);
@@ -329,6 +361,11 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
   EXPECT_FALSE(no_lookahead.tile_lookahead);
   EXPECT_TRUE(no_lookahead.q_before_list);
   EXPECT_TRUE(no_lookahead.lean_window_mask);
+  EXPECT_TRUE(no_lookahead.tail_singles);
+  const ForwardKernelOptions paired_tail = with("paired_tail");
+  EXPECT_FALSE(paired_tail.tail_singles);
+  EXPECT_TRUE(paired_tail.tile_lookahead);
+  EXPECT_TRUE(paired_tail.dynamic_schedule);
   const ForwardKernelOptions both = with("scaled_window_mask,list_after_coords");
   EXPECT_FALSE(both.lean_window_mask);
   EXPECT_FALSE(both.list_under_coords);
@@ -344,6 +381,7 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
     EXPECT_NE(message.find("q_after_list"), std::string::npos) << message;
     EXPECT_NE(message.find("scaled_window_mask"), std::string::npos) << message;
     EXPECT_NE(message.find("no_lookahead"), std::string::npos) << message;
+    EXPECT_NE(message.find("paired_tail"), std::string::npos) << message;
   }
   unsetenv("SAMATTN_HOPPER_ABLATION");
 }

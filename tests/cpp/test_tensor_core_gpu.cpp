@@ -513,6 +513,32 @@ TEST(HopperGpuRuns, TileLookaheadIsBitIdentical) {
   }
 }
 
+// The causal tail of single tiles only changes which block takes which tile and when: the same
+// bytes as pairs to the end ("paired_tail"), for the partial causal tiles above (fewer units
+// than SMs: every head in the tail) and for more units than SMs (the tail after the pairs, with
+// the work counter and the static round robin), every head dim.
+TEST(HopperGpuRuns, CausalTailOfSingleTilesIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  expect_ablation_bit_identical("paired_tail");
+  const Shape shapes[] = {{4, 16, 4, 1050, 1050, 0, 0}, {2, 16, 16, 2048, 2048, 0, 0}};
+  for (int64_t d : {64, 128, 192, 256}) {
+    for (Shape shape : shapes) {
+      for (const std::string schedule : {"", "static_schedule,"}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "head dim " << d << " sq " << shape.seqlen_q << " " << schedule);
+        shape.head_dim = shape.head_dim_v = d;
+        Problem pb(shape, DType::kBFloat16);
+        pb.params.causal = true;
+        auto run_with = [&](const std::string& ablation) {
+          const ScopedHopperAblation scoped(ablation.c_str());
+          return run_on_device(pb, Backend::kHopper, nullptr);
+        };
+        EXPECT_EQ(run_with(schedule + "paired_tail").bytes, run_with(schedule).bytes);
+      }
+    }
+  }
+}
+
 // More work units than SMs, so the blocks take units from the stream's work counter (every head
 // dim; causal pairs of unequal cost at head dim 64's 192-row tiles): the same bytes as the static
 // round robin, on every rerun (each launch must leave the counter at zero for the next).

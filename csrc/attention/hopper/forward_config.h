@@ -230,6 +230,10 @@ struct ForwardKernelOptions {
   // first K is in flight at the boundary (forward_producer.cuh; "no_lookahead": the next tile's
   // coordinates and Q at the boundary, as until stop 38).
   bool tile_lookahead = true;
+  // Causal calls: the last heads' tiles, at least two rounds of units, go out one by one,
+  // heaviest first, rather than in pairs (forward_scheduler.h; "paired_tail": pairs to the end,
+  // as until stop 39).
+  bool tail_singles = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

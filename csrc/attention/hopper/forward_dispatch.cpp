@@ -188,12 +188,14 @@ ForwardKernelOptions forward_options_from_environment() {
       options.lean_window_mask = false;
     } else if (item == "no_lookahead") {
       options.tile_lookahead = false;
+    } else if (item == "paired_tail") {
+      options.tail_singles = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
                     "no_pingpong, no_staged_store, static_schedule, wide_first_block, "
-                    "list_after_coords, q_after_list, scaled_window_mask, no_lookahead and "
-                    "varlen_block_per_unit, got '",
+                    "list_after_coords, q_after_list, scaled_window_mask, no_lookahead, "
+                    "paired_tail and varlen_block_per_unit, got '",
                     value, "'");
     }
   }

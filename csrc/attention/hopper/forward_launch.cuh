@@ -104,10 +104,12 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   using Element = typename CuteElementOf<kDType>::type;
   using Traits = KernelTraits<Element, kHeadDim, kVariant>;
   // supports() has checked that the tiles fit the scheduler's int32 unit indices.
-  TileSchedule schedule =
-      make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM, p.causal);
   const ForwardKernelOptions options = forward_options_from_environment();
   const int sms = detail::current_device_info().multiprocessors;
+  // Two rounds of units at the end as single tiles, heaviest first (forward_scheduler.h;
+  // benchmarks/schedule_model.py: two rounds balance the last one better than one at S <= 1k).
+  TileSchedule schedule = make_tile_schedule(p.batch * p.heads_q, p.seqlen_q, Traits::kBlockM,
+                                             p.causal, options.tail_singles ? int64_t{2} * sms : 0);
   int32_t* counter = options.dynamic_schedule && schedule.units > sms
                          ? detail::stream_work_counter(stream)  // null while a graph is captured
                          : nullptr;

@@ -7,7 +7,12 @@
 //  - Without causal masking a unit is one query tile; all cost the same.
 //  - With causal masking query tile m of a head sees m + 1 key blocks (for square tiles), so a
 //    unit pairs tile m_blocks - 1 - p (the heavier, run first) with tile p: every pair costs
-//    about m_blocks + 1 key blocks.
+//    about m_blocks + 1 key blocks. Pairs of equal cost leave the last round of a launch
+//    with fewer units than blocks (688 pairs of head dim 64's 192-row tiles at S = 16k on 132
+//    SMs: 5.2 rounds take 6); so the last heads, at least tail_units tiles' worth, are handed
+//    out as single tiles, heaviest first across those heads (benchmarks/schedule_model.py:
+//    makespan over the even split 1.12-1.15 -> 1.01-1.02 at head dim 64 causal S >= 2k, 1.031 ->
+//    1.006-1.015 at head dim 128 causal).
 // Its next units come from one of two schedules:
 //  - dynamic (a work counter, stream_counter.h): the block's scheduler thread takes the next unit
 //    not yet taken with atomicAdd once the TMA thread has issued the current one's last K,
@@ -19,6 +24,7 @@
 //    and an even grid, half the blocks got every heavy unit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -44,16 +50,20 @@ struct alignas(8) ScheduledTile {  // 8: moved as one 64-bit shared-memory acces
 inline constexpr ScheduledTile kNoMoreTiles{-1, 0};
 
 struct TileSchedule {
-  int32_t units;           // batch * heads_q * units_per_head
+  int32_t units;           // paired_units + tail_heads * m_blocks
   int32_t m_blocks;        // query tiles per (batch, head)
   int32_t units_per_head;  // m_blocks, or ceil(m_blocks / 2) when paired
-  bool paired;             // causal: a unit is two tiles of one head
-  int32_t* counter;        // the dynamic schedule's work counter; null: the static schedule
+  bool paired;             // causal: a unit is two tiles of one head (before the tail)
+  // Units [0, paired_units) go head by head (pairs when paired); the rest are the single tiles
+  // of the last tail_heads heads, m_block descending, the heads interleaved.
+  int32_t paired_units;
+  int32_t tail_heads;
+  int32_t* counter;  // the dynamic schedule's work counter; null: the static schedule
 
   // How many tiles (1 or 2) unit `unit` holds.
   SAMATTN_HOST_DEVICE int tiles_in(int32_t unit) const {
     const int32_t p = unit % units_per_head;
-    return paired && 2 * p + 1 != m_blocks ? 2 : 1;
+    return paired && unit < paired_units && 2 * p + 1 != m_blocks ? 2 : 1;
   }
 
   // The dynamic schedule: a fetch that took `taken` from the counter hands its block unit
@@ -68,6 +78,11 @@ struct TileSchedule {
 
   // Tile `half` (0, or 1 when tiles_in(unit) == 2) of unit `unit`.
   SAMATTN_HOST_DEVICE QueryTile tile(int32_t unit, int half) const {
+    if (unit >= paired_units) {
+      const int32_t k = unit - paired_units;
+      const int32_t first_tail_head = paired_units / units_per_head;
+      return {first_tail_head + k % tail_heads, m_blocks - 1 - k / tail_heads};
+    }
     const int32_t batch_head = unit / units_per_head;
     const int32_t p = unit % units_per_head;
     if (!paired) return {batch_head, p};
@@ -75,14 +90,20 @@ struct TileSchedule {
   }
 };
 
-// The caller has checked that batch_heads * m_blocks fits in int32.
+// The caller has checked that batch_heads * m_blocks fits in int32. tail_units (paired
+// schedules only; 0: none): how many units' worth of the last heads go out as single tiles,
+// rounded up to whole heads.
 inline TileSchedule make_tile_schedule(int64_t batch_heads, int64_t seqlen_q, int block_m,
-                                       bool causal) {
+                                       bool causal, int64_t tail_units = 0) {
   TileSchedule s{};
   s.m_blocks = static_cast<int32_t>((seqlen_q + block_m - 1) / block_m);
   s.paired = causal && s.m_blocks > 1;
   s.units_per_head = s.paired ? (s.m_blocks + 1) / 2 : s.m_blocks;
-  s.units = static_cast<int32_t>(batch_heads * s.units_per_head);
+  const int64_t tail_heads =
+      s.paired ? std::min(batch_heads, (tail_units + s.units_per_head - 1) / s.units_per_head) : 0;
+  s.tail_heads = static_cast<int32_t>(tail_heads);
+  s.paired_units = static_cast<int32_t>((batch_heads - tail_heads) * s.units_per_head);
+  s.units = static_cast<int32_t>(s.paired_units + tail_heads * s.m_blocks);
   return s;
 }
 
