@@ -84,9 +84,13 @@ def samattn_backend(backend):
 
 # The tuning build's other entries of a head dim's tile table (SAMATTN_HOPPER_TILE).
 TILE_VARIANTS = (1, 2)
-# SAMATTN_HOPPER_ABLATION values this script can time beside the default, and their columns.
+# SAMATTN_HOPPER_ABLATION values this script can time beside the default, and their columns;
+# "control" is the default path again under another name (no variable): its column is the
+# spread between two identical kernels, the null against which an ablation's ratio is read.
+CONTROL = "control"
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
-                    "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt"}
+                    "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt",
+                    CONTROL: "-aa"}
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = tuple(f"samattn-hopper-{a}" for a in ABLATION_COLUMNS)
 METHODS = {
@@ -102,7 +106,8 @@ METHODS = {
 # and 128).
 ENVIRONMENT = {
     **{f"samattn-hopper-tile{t}": {"SAMATTN_HOPPER_TILE": str(t)} for t in TILE_VARIANTS},
-    **{f"samattn-hopper-{a}": {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS},
+    **{f"samattn-hopper-{a}": {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS
+       if a != CONTROL},
 }
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
 # Q buffers).
@@ -295,8 +300,10 @@ def print_summary(result: dict) -> None:
           " path: entry 0, at D = 64 causal with S <= 1k entry 1, at D = 128 with S <= 2k and"
           " kv_stride 1 entry 2"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
-          + ("; -pp, -ss, -dyn, -nb: t0 over itself without ping-pong / the staged output"
-             " store / the work counter / the narrow first block" if ablations else "")
+          + ("; -pp, -ss, -dyn, -nb, -la, -pt: t0 over itself without ping-pong / the staged"
+             " output store / the work counter / the narrow first block / the lookahead / the"
+             " tail of single tiles; -aa: t0 over itself (the same kernel again)"
+             if ablations else "")
           + ")")
     if tiles:
         for head_dim, names in TILE_LEGEND.items():
@@ -363,7 +370,8 @@ def main(argv=None) -> int:
                         choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / O staged through "
                              "shared memory / the work counter / the narrow first block / the "
-                             "tile lookahead / the causal tail of single tiles")
+                             "tile lookahead / the causal tail of single tiles; control: the "
+                             "default path again (an A/A column)")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from helpers import requires_cuda
-from samattn.bench.timing import Timing, environment_variable, measure_interleaved, pooled
+from samattn.bench.timing import (Timing, environment_variable, measure_interleaved, pooled,
+                                  round_order)
 
 
 def test_pooled_takes_the_median_min_and_max_of_every_sample():
@@ -41,6 +42,12 @@ def test_pooled_refuses_timings_without_samples():
         pooled([Timing(1.0, 1.0, 1.0, 1)])
 
 
+def test_round_order_starts_each_round_one_method_later():
+    assert [round_order(["a", "b", "c"], r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert round_order([], 2) == []
+
+
 @requires_cuda
 def test_measure_interleaved_alternates_methods_round_by_round():
     x = torch.randn(256, 256, device="cuda")
@@ -53,7 +60,7 @@ def test_measure_interleaved_alternates_methods_round_by_round():
 
     timings = measure_interleaved({"a": [lambda: x @ x], "b": [lambda: x + x]}, rounds=3,
                                   min_reps=6, budget_ms=3.0, around=around)
-    assert entered == ["a", "b"] * 3
+    assert entered == ["a", "b", "b", "a", "a", "b"]
     for timing in timings.values():
         assert timing.reps == len(timing.samples) >= 6
         assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms

@@ -94,13 +94,23 @@ def environment_variable(name: str, value: str):
             os.environ[name] = previous
 
 
+def round_order(names: list, round_index: int) -> list:
+    """The order of round `round_index` in measure_interleaved: `names` rotated left by the
+    round's index."""
+    shift = round_index % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
 def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
                         budget_ms: float = 400.0, around=None) -> dict:
-    """Times several methods in alternating rounds (A B C, A B C, ...), each round `measure`
-    with a `rounds`-th of the budget and of the minimum repetitions, and pools each method's
-    samples. The GPU's clocks drift during a run (power, temperature); measured one after the
-    other, the method that runs last would take all of the drift, measured in rounds every
-    method takes a share of it.
+    """Times several methods in alternating rounds, each round `measure` with a `rounds`-th of
+    the budget and of the minimum repetitions, and pools each method's samples. The GPU's clocks
+    drift during a run (power, temperature); measured one after the other, the method that runs
+    last would take all of the drift, measured in rounds every method takes a share of it. Each
+    round starts one method later (A B C, B C A, C A B, ...: round_order), so that no method
+    always follows the same one or always opens a round. Without the rotation, two identical
+    kernels in one row of d15bb15's forward matrix on an H200 (head dim 128, S = 4k) had medians
+    1.14x (the one that opened every round) and 1.01x (the one that closed it) their fastest rep.
 
     `methods` maps a name to its calls (as for `measure`); `around(name)`, when given, is a
     context manager entered around each of that method's measurements (its environment).
@@ -108,8 +118,9 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
     import contextlib
 
     parts = {name: [] for name in methods}
-    for _ in range(rounds):
-        for name, calls in methods.items():
+    for r in range(rounds):
+        for name in round_order(list(methods), r):
+            calls = methods[name]
             with around(name) if around else contextlib.nullcontext():
                 parts[name].append(measure(calls, min_reps=max(3, -(-min_reps // rounds)),
                                            budget_ms=budget_ms / rounds))
