@@ -259,8 +259,15 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
             row["methods"][name]["error"] = f"wrong output: {diff:.3e}"
         else:
             timed[name] = [run]
-    timings = measure_interleaved(timed, rounds=OPTIONAL["rounds"], min_reps=min_reps,
-                                  budget_ms=budget_ms, around=method_environment)
+    # FlexAttention is timed on its own: its 1.7 ms calls leave the GPU's clocks higher for
+    # whichever method follows them (in d15bb15's run that method read 6% faster than the same
+    # kernel elsewhere in the round), and the 5x target needs no tighter comparison.
+    flex_timed = {name: timed.pop(name) for name in ("flex-mask_mod",) if name in timed}
+    timings = measure_interleaved(timed, rounds=max(OPTIONAL["rounds"], len(timed)),
+                                  min_reps=min_reps, budget_ms=budget_ms,
+                                  around=method_environment)
+    timings.update(measure_interleaved(flex_timed, rounds=1, min_reps=min_reps,
+                                       budget_ms=budget_ms))
     for name, timing in timings.items():
         row["methods"][name].update(timing_entry(timing, cfg))
     return row

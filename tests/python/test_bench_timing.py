@@ -2,6 +2,7 @@
 tuning variable set for one method's measurements."""
 
 import contextlib
+import itertools
 import os
 
 import pytest
@@ -42,9 +43,11 @@ def test_pooled_refuses_timings_without_samples():
         pooled([Timing(1.0, 1.0, 1.0, 1)])
 
 
-def test_round_order_starts_each_round_one_method_later():
-    assert [round_order(["a", "b", "c"], r) for r in range(4)] == [
-        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+def test_round_order_alternates_direction_and_rotates_every_two_rounds():
+    orders = [round_order(["a", "b", "c"], r) for r in range(6)]
+    assert orders[:4] == [["a", "b", "c"], ["c", "b", "a"], ["b", "c", "a"], ["a", "c", "b"]]
+    assert sorted(map(tuple, orders)) == sorted(itertools.permutations("abc"))
+    assert [round_order(["a", "b"], r) for r in range(3)] == [["a", "b"], ["b", "a"], ["b", "a"]]
     assert round_order([], 2) == []
 
 
@@ -60,7 +63,7 @@ def test_measure_interleaved_alternates_methods_round_by_round():
 
     timings = measure_interleaved({"a": [lambda: x @ x], "b": [lambda: x + x]}, rounds=3,
                                   min_reps=6, budget_ms=3.0, around=around)
-    assert entered == ["a", "b", "b", "a", "a", "b"]
+    assert entered == ["a", "b", "b", "a", "b", "a"]
     for timing in timings.values():
         assert timing.reps == len(timing.samples) >= 6
         assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms

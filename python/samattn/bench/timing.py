@@ -95,10 +95,12 @@ def environment_variable(name: str, value: str):
 
 
 def round_order(names: list, round_index: int) -> list:
-    """The order of round `round_index` in measure_interleaved: `names` rotated left by the
-    round's index."""
-    shift = round_index % len(names) if names else 0
-    return names[shift:] + names[:shift]
+    """The order of round `round_index` in measure_interleaved: round pair j (rounds 2j and
+    2j + 1) runs `names` rotated left by j, forwards and then backwards (for three methods the
+    six rounds are all six orders)."""
+    shift = (round_index // 2) % len(names) if names else 0
+    order = names[shift:] + names[:shift]
+    return order[::-1] if round_index % 2 else order
 
 
 def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
@@ -107,8 +109,9 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
     the budget and of the minimum repetitions, and pools each method's samples. The GPU's clocks
     drift during a run (power, temperature); measured one after the other, the method that runs
     last would take all of the drift, measured in rounds every method takes a share of it. Each
-    round starts one method later (A B C, B C A, C A B, ...: round_order), so that no method
-    always follows the same one or always opens a round. Without the rotation, two identical
+    round runs the methods backwards after a round forwards, and each pair of rounds starts
+    one method later (A B C, C B A, B C A, A C B, ...: round_order), so that no method always
+    follows the same one or always opens a round. Without the rotation, two identical
     kernels in one row of d15bb15's forward matrix on an H200 (head dim 128, S = 4k) had medians
     1.14x (the one that opened every round) and 1.01x (the one that closed it) their fastest rep.
 
