@@ -121,7 +121,7 @@ TILE_LEGEND = {
     192: ("128x80 2 stages 1 Q", "128x80 2 stages 2 Q", "128x112 2 stages 1 Q"),
 }
 # Which optional columns this run measures (main() decides).
-OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3}
+OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3, "probe_every": 0}
 
 
 def methods_for(cfg: AttentionConfig) -> dict:
@@ -170,7 +170,8 @@ def bench(cfg: AttentionConfig, min_reps: int, budget_ms: float) -> dict:
         if "error" not in row["methods"][name]:
             timed[name] = [lambda s=s, run=run: run(*s, cfg.causal) for s in sets]
     timings = measure_interleaved(timed, rounds=OPTIONAL["rounds"], min_reps=min_reps,
-                                  budget_ms=budget_ms, around=environment)
+                                  budget_ms=budget_ms, around=environment,
+                                  probe_every=OPTIONAL["probe_every"])
     for name, timing in timings.items():
         row["methods"][name].update(timing_entry(timing, cfg))
     del sets
@@ -208,8 +209,12 @@ def check_method(run, sets, cfg, reference, scale) -> dict:
 
 
 def timing_entry(timing, cfg) -> dict:
-    return dict(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
-                reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+    entry = dict(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
+                 reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
+    if timing.clock_mhz is not None:  # --clock-probe
+        entry.update(probe_clock_mhz=timing.clock_mhz, probe_clock_min_mhz=min(timing.clocks_mhz),
+                     probe_clock_max_mhz=max(timing.clocks_mhz))
+    return entry
 
 
 def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dict:
@@ -265,9 +270,9 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
     flex_timed = {name: timed.pop(name) for name in ("flex-mask_mod",) if name in timed}
     timings = measure_interleaved(timed, rounds=max(OPTIONAL["rounds"], len(timed)),
                                   min_reps=min_reps, budget_ms=budget_ms,
-                                  around=method_environment)
+                                  around=method_environment, probe_every=OPTIONAL["probe_every"])
     timings.update(measure_interleaved(flex_timed, rounds=1, min_reps=min_reps,
-                                       budget_ms=budget_ms))
+                                       budget_ms=budget_ms, probe_every=OPTIONAL["probe_every"]))
     for name, timing in timings.items():
         row["methods"][name].update(timing_entry(timing, cfg))
     return row
@@ -352,6 +357,14 @@ def print_summary(result: dict) -> None:
               f"{cudnn or float('nan'):.3f} ms, FA2 on the view "
               f"{ms.get('sdpa-flash-view') or float('nan'):.3f} ms, Flex "
               f"{ms.get('flex-mask_mod') or float('nan'):.3f} ms")
+    rows = result["rows"] + ([strided] if strided else [])
+    probed = [r for r in rows if any("probe_clock_mhz" in e for e in r["methods"].values())]
+    if probed:
+        print("\nSM clock after the timed calls (MHz, the clock probe's median per method):")
+    for row in probed:
+        print(f"{row['label']:<36} " + "  ".join(
+            f"{name} {e['probe_clock_mhz']:.0f}" for name, e in row["methods"].items()
+            if "probe_clock_mhz" in e))
 
 
 def main(argv=None) -> int:
@@ -379,11 +392,16 @@ def main(argv=None) -> int:
                              "shared memory / the work counter / the narrow first block / the "
                              "tile lookahead / the causal tail of single tiles; control: the "
                              "default path again (an A/A column)")
+    parser.add_argument("--clock-probe", type=int, default=0, metavar="N",
+                        help="after every N-th timed call, read the SM clock with a short spin "
+                             "(samattn.bench.timing's clock probe) and report each method's "
+                             "median clock; a diagnosis: the spin lightens the load a little")
     args = parser.parse_args(argv)
     OPTIONAL["tiles"] = not args.no_tiles and tiles_available()
     OPTIONAL["ablations"] = tuple(args.ablations)
     OPTIONAL["sm80"] = not args.no_sm80
     OPTIONAL["rounds"] = max(1, args.rounds)
+    OPTIONAL["probe_every"] = max(0, args.clock_probe)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
         "gpu": props.name, "capability": f"{props.major}.{props.minor}", "commit": commit(),

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from helpers import requires_cuda
-from samattn.bench.timing import (Timing, environment_variable, measure_interleaved, pooled,
+from samattn.bench.timing import (CLOCK_PROBE_CYCLES, Timing, clock_from_probe,
+                                  environment_variable, measure, measure_interleaved, pooled,
                                   round_order)
 
 
@@ -67,3 +68,27 @@ def test_measure_interleaved_alternates_methods_round_by_round():
     for timing in timings.values():
         assert timing.reps == len(timing.samples) >= 6
         assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
+
+
+def test_clock_from_probe_is_cycles_over_time_and_pooled_keeps_every_reading():
+    assert clock_from_probe(0.02, cycles=40_000) == pytest.approx(2000.0)
+    assert clock_from_probe(0.025, cycles=40_000) == pytest.approx(1600.0)
+    a = Timing(1.0, 1.0, 1.0, 1, (1.0,), (1900.0, 1700.0))
+    b = Timing(2.0, 2.0, 2.0, 1, (2.0,), (1800.0,))
+    both = pooled([a, b])
+    assert both.clocks_mhz == (1900.0, 1700.0, 1800.0)
+    assert both.clock_mhz == 1800.0
+    assert pooled([Timing(1.0, 1.0, 1.0, 1, (1.0,))]).clock_mhz is None
+
+
+@requires_cuda
+def test_clock_probe_reads_one_plausible_clock_per_probed_rep():
+    x = torch.randn(512, 512, device="cuda")
+    plain = measure([lambda: x @ x], min_reps=8, max_reps=8, budget_ms=1.0)
+    probed = measure([lambda: x @ x], min_reps=8, max_reps=8, budget_ms=1.0, probe_every=3)
+    assert plain.clocks_mhz == () and plain.clock_mhz is None
+    assert probed.reps == 8 and len(probed.clocks_mhz) == 3  # after reps 0, 3 and 6
+    max_mhz = torch.cuda.get_device_properties(0).clock_rate / 1e3  # kHz -> MHz
+    # Events add their own time to the probe, so a reading is a little under the true clock.
+    assert all(100.0 < c <= 1.05 * max_mhz for c in probed.clocks_mhz), (
+        probed.clocks_mhz, max_mhz, CLOCK_PROBE_CYCLES)

@@ -18,6 +18,18 @@ class Timing:
     max_ms: float
     reps: int
     samples: tuple = ()  # every rep's time (ms), in the order measured
+    clocks_mhz: tuple = ()  # the clock probe's readings after the reps it followed (MHz)
+
+    @property
+    def clock_mhz(self) -> float | None:
+        """The median of the clock probe's readings, or None where no probe ran."""
+        return statistics.median(self.clocks_mhz) if self.clocks_mhz else None
+
+
+# The clock probe: a one-thread spin of this many SM cycles (torch.cuda._sleep, which counts
+# clock64) timed with CUDA events; cycles over time is the SM clock while it ran. 20-25 us at
+# the H100/H200's 1.6-2.0 GHz: long against the events' own ~1 us, short against a timed call.
+CLOCK_PROBE_CYCLES = 40_000
 
 
 def pooled(timings: Sequence[Timing]) -> Timing:
@@ -26,7 +38,9 @@ def pooled(timings: Sequence[Timing]) -> Timing:
     times = [t for timing in timings for t in timing.samples]
     if not times:
         raise ValueError("pooled() needs timings that kept their samples")
-    return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times))
+    clocks = tuple(c for timing in timings for c in timing.clocks_mhz)
+    return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times),
+                  clocks)
 
 
 def l2_bytes() -> int:
@@ -41,8 +55,14 @@ def rotation_count(bytes_per_set: int, free_bytes: int) -> int:
     return int(min(wanted, affordable, 8))
 
 
+def clock_from_probe(probe_ms: float, cycles: int = CLOCK_PROBE_CYCLES) -> float:
+    """The SM clock (MHz) a probe of `cycles` cycles that took `probe_ms` ran at. The events'
+    own time is in probe_ms, so this reads a little low, by the same amount for every method."""
+    return cycles / (probe_ms * 1e3)
+
+
 def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_reps: int = 100,
-            budget_ms: float = 400.0, warmup_ms: float = 25.0) -> Timing:
+            budget_ms: float = 400.0, warmup_ms: float = 25.0, probe_every: int = 0) -> Timing:
     """Times calls[i % len(calls)] one at a time with CUDA events.
 
     Each element of `calls` runs the same computation on a different input set. The warm-up
@@ -52,6 +72,10 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
     the end: the host runs ahead of the GPU, so a rep's time is its kernels' time and not the
     host's launch latency after an idle GPU (which a synchronisation per rep would add, and which
     a busy host inflates by milliseconds).
+
+    probe_every > 0: after every probe_every-th rep, outside its events, the clock probe
+    (CLOCK_PROBE_CYCLES) reads the SM clock the GPU has just run that method at (a diagnosis:
+    the probe's spin adds a light phase between calls, the same for every method).
     """
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -68,13 +92,22 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
     reps = int(min(max_reps, max(min_reps, budget_ms // max(per_call, 1e-3))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]
+    probes = []
     for i, (before, after) in enumerate(events):
         before.record()
         calls[i % len(calls)]()
         after.record()
+        if probe_every > 0 and i % probe_every == 0:
+            probes.append((torch.cuda.Event(enable_timing=True),
+                           torch.cuda.Event(enable_timing=True)))
+            probes[-1][0].record()
+            torch.cuda._sleep(CLOCK_PROBE_CYCLES)
+            probes[-1][1].record()
     torch.cuda.synchronize()
     times = [before.elapsed_time(after) for before, after in events]
-    return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times))
+    clocks = tuple(clock_from_probe(begin.elapsed_time(end)) for begin, end in probes)
+    return Timing(statistics.median(times), min(times), max(times), len(times), tuple(times),
+                  clocks)
 
 
 @contextlib.contextmanager
@@ -104,7 +137,7 @@ def round_order(names: list, round_index: int) -> list:
 
 
 def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
-                        budget_ms: float = 400.0, around=None) -> dict:
+                        budget_ms: float = 400.0, around=None, probe_every: int = 0) -> dict:
     """Times several methods in alternating rounds, each round `measure` with a `rounds`-th of
     the budget and of the minimum repetitions, and pools each method's samples. The GPU's clocks
     drift during a run (power, temperature); measured one after the other, the method that runs
@@ -116,7 +149,8 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
     1.14x (the one that opened every round) and 1.01x (the one that closed it) their fastest rep.
 
     `methods` maps a name to its calls (as for `measure`); `around(name)`, when given, is a
-    context manager entered around each of that method's measurements (its environment).
+    context manager entered around each of that method's measurements (its environment);
+    probe_every: as for `measure` (each method's Timing then has its clock readings).
     """
     import contextlib
 
@@ -126,7 +160,8 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
             calls = methods[name]
             with around(name) if around else contextlib.nullcontext():
                 parts[name].append(measure(calls, min_reps=max(3, -(-min_reps // rounds)),
-                                           budget_ms=budget_ms / rounds))
+                                           budget_ms=budget_ms / rounds,
+                                           probe_every=probe_every))
     return {name: pooled(timings) for name, timings in parts.items()}
 
 
