@@ -152,8 +152,6 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
     context manager entered around each of that method's measurements (its environment);
     probe_every: as for `measure` (each method's Timing then has its clock readings).
     """
-    import contextlib
-
     parts = {name: [] for name in methods}
     for r in range(rounds):
         for name in round_order(list(methods), r):
