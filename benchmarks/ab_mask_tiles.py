@@ -8,6 +8,7 @@ and setting/default.
 
     python3 benchmarks/ab_mask_tiles.py --tile 3 --out $OUT/ab_mask_tiles.json
     python3 benchmarks/ab_mask_tiles.py --ablation wide_first_block --out $OUT/ab_masks.json
+    python3 benchmarks/ab_mask_tiles.py --control --out $OUT/ab_masks.json
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ablation", action="append", default=[],
                         help="a SAMATTN_HOPPER_ABLATION value timed beside the default "
                              "(repeatable)")
+    parser.add_argument("--control", action="store_true",
+                        help="also the default again under another name (an A/A column: the "
+                             "spread two identical kernels show)")
     parser.add_argument("--out", default="ab_mask_tiles.json")
     parser.add_argument("--budget-ms", type=float, default=300.0)
     args = parser.parse_args(argv)
@@ -40,8 +44,10 @@ def main(argv=None) -> int:
     entries = {"default": ("SAMATTN_HOPPER_TILE", "")}
     entries.update({f"tile{t}": ("SAMATTN_HOPPER_TILE", t) for t in args.tile})
     entries.update({a: ("SAMATTN_HOPPER_ABLATION", a) for a in args.ablation})
+    if args.control:
+        entries["control"] = ("SAMATTN_HOPPER_TILE", "")
     if len(entries) == 1:
-        parser.error("give at least one --tile or --ablation")
+        parser.error("give at least one --tile, --ablation or --control")
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, SEQLEN, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
                            generator=gen) for _ in range(3))

@@ -88,9 +88,13 @@ TILE_VARIANTS = (1, 2)
 # "control" is the default path again under another name (no variable): its column is the
 # spread between two identical kernels, the null against which an ablation's ratio is read.
 CONTROL = "control"
+# "entry0" is entry 0 of the head dim's table forced (SAMATTN_HOPPER_TILE=0, in every build):
+# where a shape rule picks another entry (forward_config.h's tile_variant_for_shape) its column
+# tests that rule; elsewhere it is the default kernel again.
+ENTRY0 = "entry0"
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
                     "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt",
-                    CONTROL: "-aa"}
+                    CONTROL: "-aa", ENTRY0: "-e0"}
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = tuple(f"samattn-hopper-{a}" for a in ABLATION_COLUMNS)
 METHODS = {
@@ -107,7 +111,8 @@ METHODS = {
 ENVIRONMENT = {
     **{f"samattn-hopper-tile{t}": {"SAMATTN_HOPPER_TILE": str(t)} for t in TILE_VARIANTS},
     **{f"samattn-hopper-{a}": {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS
-       if a != CONTROL},
+       if a not in (CONTROL, ENTRY0)},
+    f"samattn-hopper-{ENTRY0}": {"SAMATTN_HOPPER_TILE": "0"},
 }
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
 # Q buffers).
@@ -314,7 +319,8 @@ def print_summary(result: dict) -> None:
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -ss, -dyn, -nb, -la, -pt: t0 over itself without ping-pong / the staged"
              " output store / the work counter / the narrow first block / the lookahead / the"
-             " tail of single tiles; -aa: t0 over itself (the same kernel again)"
+             " tail of single tiles; -aa: t0 over itself (the same kernel again); -e0: t0 over"
+             " entry 0 forced"
              if ablations else "")
           + ")")
     if tiles:
@@ -391,7 +397,8 @@ def main(argv=None) -> int:
                         help="also the Hopper path without ping-pong / O staged through "
                              "shared memory / the work counter / the narrow first block / the "
                              "tile lookahead / the causal tail of single tiles; control: the "
-                             "default path again (an A/A column)")
+                             "default path again (an A/A column); entry0: entry 0 of the tile "
+                             "table forced, against the shape rules")
     parser.add_argument("--clock-probe", type=int, default=0, metavar="N",
                         help="after every N-th timed call, read the SM clock with a short spin "
                              "(samattn.bench.timing's clock probe) and report each method's "
