@@ -217,8 +217,12 @@ def timing_entry(timing, cfg) -> dict:
     entry = dict(median_ms=timing.median_ms, min_ms=timing.min_ms, max_ms=timing.max_ms,
                  reps=timing.reps, tflops=cfg.flops() / (timing.median_ms * 1e-3) / 1e12)
     if timing.clock_mhz is not None:  # --clock-probe
+        # The median time in cycles of the probed clock: two runs of one kernel that differ in
+        # time only because the GPU's power management clocked them differently agree here
+        # (73fd04a's kv_stride rows: samattn and its control 2-3% apart in ms and in clock).
         entry.update(probe_clock_mhz=timing.clock_mhz, probe_clock_min_mhz=min(timing.clocks_mhz),
-                     probe_clock_max_mhz=max(timing.clocks_mhz))
+                     probe_clock_max_mhz=max(timing.clocks_mhz),
+                     probe_kcycles=timing.median_ms * timing.clock_mhz)
     return entry
 
 
@@ -366,11 +370,12 @@ def print_summary(result: dict) -> None:
     rows = result["rows"] + ([strided] if strided else [])
     probed = [r for r in rows if any("probe_clock_mhz" in e for e in r["methods"].values())]
     if probed:
-        print("\nSM clock after the timed calls (MHz, the clock probe's median per method):")
+        print("\nSM clock after the timed calls (MHz, the clock probe's median per method) and"
+              " the median time in thousands of cycles at that clock:")
     for row in probed:
         print(f"{row['label']:<36} " + "  ".join(
-            f"{name} {e['probe_clock_mhz']:.0f}" for name, e in row["methods"].items()
-            if "probe_clock_mhz" in e))
+            f"{name} {e['probe_clock_mhz']:.0f} MHz {e['probe_kcycles']:.1f} kcycles"
+            for name, e in row["methods"].items() if "probe_clock_mhz" in e))
 
 
 def main(argv=None) -> int:
