@@ -124,7 +124,8 @@ def main(argv=None):
     parser.add_argument("--deterministic", action="store_true",
                         help="also time the Hopper backward with deterministic dq")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating rounds over the implementations of a shape")
+                        help="alternating rounds over the implementations of a shape, at "
+                             "least (rounded up to whole rotations: twice the implementations)")
     parser.add_argument("--budget-ms", type=float, default=300.0,
                         help="measured time per implementation and shape")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],

@@ -277,7 +277,7 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
     # whichever method follows them (in d15bb15's run that method read 6% faster than the same
     # kernel elsewhere in the round), and the 5x target needs no tighter comparison.
     flex_timed = {name: timed.pop(name) for name in ("flex-mask_mod",) if name in timed}
-    timings = measure_interleaved(timed, rounds=max(OPTIONAL["rounds"], len(timed)),
+    timings = measure_interleaved(timed, rounds=OPTIONAL["rounds"],
                                   min_reps=min_reps, budget_ms=budget_ms,
                                   around=method_environment, probe_every=OPTIONAL["probe_every"])
     timings.update(measure_interleaved(flex_timed, rounds=1, min_reps=min_reps,
@@ -386,7 +386,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-ms", type=float, default=400.0,
                         help="measured time per method and shape (at least --min-reps runs)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating rounds over a shape's methods (the budget is split)")
+                        help="alternating rounds over a shape's methods, at least (rounded up "
+                             "to whole rotations: twice the methods; the budget is split)")
     parser.add_argument("--seqlens", type=int, nargs="+",
                         default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=None,

@@ -1,6 +1,7 @@
 """The benchmark timing helpers: pooling rounds, interleaving methods across rounds, and a
 tuning variable set for one method's measurements."""
 
+import collections
 import contextlib
 import itertools
 import os
@@ -11,7 +12,7 @@ import torch
 from helpers import requires_cuda
 from samattn.bench.timing import (CLOCK_PROBE_CYCLES, Timing, clock_from_probe,
                                   environment_variable, measure, measure_interleaved, pooled,
-                                  round_order)
+                                  round_order, whole_rotation_rounds)
 
 
 def test_pooled_takes_the_median_min_and_max_of_every_sample():
@@ -52,6 +53,23 @@ def test_round_order_alternates_direction_and_rotates_every_two_rounds():
     assert round_order([], 2) == []
 
 
+def test_whole_rotations_give_every_method_every_place_and_one_double_turn():
+    for count in range(1, 7):
+        names = [chr(ord("a") + i) for i in range(count)]
+        for wanted in (1, 3, 2 * count + 1):
+            rounds = whole_rotation_rounds(count, wanted)
+            assert rounds >= wanted
+            orders = [round_order(names, r) for r in range(rounds)]
+            places = collections.Counter((name, order.index(name)) for order in orders
+                                         for name in order)
+            assert len(set(places.values())) == 1 and len(places) == count * count
+            doubles = collections.Counter(a[-1] for a, b in zip(orders, orders[1:])
+                                          if a[-1] == b[0])
+            if count > 1:
+                assert all(doubles[name] * 2 * count == rounds for name in names), doubles
+    assert whole_rotation_rounds(1, 1) == 1 and whole_rotation_rounds(4, 4) == 8
+
+
 @requires_cuda
 def test_measure_interleaved_alternates_methods_round_by_round():
     x = torch.randn(256, 256, device="cuda")
@@ -64,7 +82,7 @@ def test_measure_interleaved_alternates_methods_round_by_round():
 
     timings = measure_interleaved({"a": [lambda: x @ x], "b": [lambda: x + x]}, rounds=3,
                                   min_reps=6, budget_ms=3.0, around=around)
-    assert entered == ["a", "b", "b", "a", "b", "a"]
+    assert entered == ["a", "b", "b", "a", "b", "a", "a", "b"]  # 3 rounds up to a rotation
     for timing in timings.values():
         assert timing.reps == len(timing.samples) >= 6
         assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms

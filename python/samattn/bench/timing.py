@@ -136,6 +136,18 @@ def round_order(names: list, round_index: int) -> list:
     return order[::-1] if round_index % 2 else order
 
 
+def whole_rotation_rounds(method_count: int, rounds: int) -> int:
+    """`rounds` rounded up to whole rotations of round_order: 2 x method_count rounds, in which
+    every method holds every place of a round twice and runs twice in a row (the last of a
+    round forwards opens the next one) exactly once. With fewer, some method keeps the places
+    and the double turn: in 274cf90's kv_stride rows (4 methods, 4 rounds, half a rotation)
+    samattn opened two rounds, closed two and ran twice in a row; its median was 3.5-4.3% above
+    the same kernel's under another name, its probed clock 3.9-4.2% lower, and their times in
+    cycles of that clock 0.1-0.4% apart."""
+    per_rotation = 2 * method_count if method_count > 1 else 1
+    return per_rotation * -(-max(1, rounds) // per_rotation)
+
+
 def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
                         budget_ms: float = 400.0, around=None, probe_every: int = 0) -> dict:
     """Times several methods in alternating rounds, each round `measure` with a `rounds`-th of
@@ -144,15 +156,18 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
     last would take all of the drift, measured in rounds every method takes a share of it. Each
     round runs the methods backwards after a round forwards, and each pair of rounds starts
     one method later (A B C, C B A, B C A, A C B, ...: round_order), so that no method always
-    follows the same one or always opens a round. Without the rotation, two identical
-    kernels in one row of d15bb15's forward matrix on an H200 (head dim 128, S = 4k) had medians
-    1.14x (the one that opened every round) and 1.01x (the one that closed it) their fastest rep.
+    follows the same one or always opens a round; `rounds` is a minimum, rounded up to whole
+    rotations (whole_rotation_rounds) so that every method takes every place equally often.
+    Without the rotation, two identical kernels in one row of d15bb15's forward matrix on an
+    H200 (head dim 128, S = 4k) had medians 1.14x (the one that opened every round) and 1.01x
+    (the one that closed it) their fastest rep.
 
     `methods` maps a name to its calls (as for `measure`); `around(name)`, when given, is a
     context manager entered around each of that method's measurements (its environment);
     probe_every: as for `measure` (each method's Timing then has its clock readings).
     """
     parts = {name: [] for name in methods}
+    rounds = whole_rotation_rounds(len(methods), rounds)
     for r in range(rounds):
         for name in round_order(list(methods), r):
             calls = methods[name]
