@@ -12,7 +12,7 @@ import torch
 from helpers import requires_cuda
 from samattn.bench.timing import (CLOCK_PROBE_CYCLES, Timing, clock_from_probe,
                                   environment_variable, measure, measure_interleaved, pooled,
-                                  round_order, whole_rotation_rounds)
+                                  round_order, settle, whole_rotation_rounds)
 
 
 def test_pooled_takes_the_median_min_and_max_of_every_sample():
@@ -68,6 +68,24 @@ def test_whole_rotations_give_every_method_every_place_and_one_double_turn():
             if count > 1:
                 assert all(doubles[name] * 2 * count == rounds for name in names), doubles
     assert whole_rotation_rounds(1, 1) == 1 and whole_rotation_rounds(4, 4) == 8
+
+
+@requires_cuda
+def test_settle_runs_every_method_in_turn_for_the_gpu_time_asked():
+    x = torch.randn(512, 512, device="cuda")
+    counts = collections.Counter()
+
+    def call(name):
+        counts[name] += 1
+        return x @ x
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    settle({"a": [lambda: call("a")], "b": [lambda: call("b")]}, settle_ms=20.0)
+    end.record()
+    end.synchronize()
+    assert counts["a"] == counts["b"] >= 1
+    assert start.elapsed_time(end) >= 20.0
 
 
 @requires_cuda

@@ -136,6 +136,31 @@ def round_order(names: list, round_index: int) -> list:
     return order[::-1] if round_index % 2 else order
 
 
+# GPU time of untimed calls before the first round (settle).
+SETTLE_MS = 100.0
+
+
+def settle(methods: dict, settle_ms: float = SETTLE_MS) -> None:
+    """Runs the methods' first calls in turn, untimed and without their environments (which only
+    pick among kernels), until `settle_ms` of GPU time has passed.
+    After seconds of host work (FlexAttention's compile, a CPU reference) the GPU's clocks start
+    from idle and the first timed method would take their ramp: in 274cf90's two kv_stride
+    processes the clock probe's lowest reading was 92 and 175 MHz for the method that opened
+    the first round and over 1490 MHz for every other method."""
+    if not methods:
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    while True:
+        for calls in methods.values():
+            calls[0]()
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) >= settle_ms:
+            return
+
+
 def whole_rotation_rounds(method_count: int, rounds: int) -> int:
     """`rounds` rounded up to whole rotations of round_order: 2 x method_count rounds, in which
     every method holds every place of a round twice and runs twice in a row (the last of a
@@ -167,6 +192,7 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
     probe_every: as for `measure` (each method's Timing then has its clock readings).
     """
     parts = {name: [] for name in methods}
+    settle(methods)
     rounds = whole_rotation_rounds(len(methods), rounds)
     for r in range(rounds):
         for name in round_order(list(methods), r):
