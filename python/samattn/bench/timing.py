@@ -61,8 +61,13 @@ def clock_from_probe(probe_ms: float, cycles: int = CLOCK_PROBE_CYCLES) -> float
     return cycles / (probe_ms * 1e3)
 
 
+# A measurement's warm-up: at least this much GPU time (and 3 calls).
+WARMUP_MS = 25.0
+
+
 def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_reps: int = 100,
-            budget_ms: float = 400.0, warmup_ms: float = 25.0, probe_every: int = 0) -> Timing:
+            budget_ms: float = 400.0, warmup_ms: float = WARMUP_MS,
+            probe_every: int = 0) -> Timing:
     """Times calls[i % len(calls)] one at a time with CUDA events.
 
     Each element of `calls` runs the same computation on a different input set. The warm-up
@@ -198,8 +203,12 @@ def measure_interleaved(methods: dict, *, rounds: int = 3, min_reps: int = 10,
         for name in round_order(list(methods), r):
             calls = methods[name]
             with around(name) if around else contextlib.nullcontext():
+                # After the first round a method's lazy set-up is done and settle() has
+                # warmed the GPU: the later rounds' warm-up is measure's minimum of 3 calls,
+                # which also estimates the call's time (whole rotations have 2 x methods rounds).
                 parts[name].append(measure(calls, min_reps=max(3, -(-min_reps // rounds)),
                                            budget_ms=budget_ms / rounds,
+                                           warmup_ms=WARMUP_MS if r == 0 else 0.0,
                                            probe_every=probe_every))
     return {name: pooled(timings) for name, timings in parts.items()}
 
