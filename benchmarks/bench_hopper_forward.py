@@ -95,6 +95,9 @@ ENTRY0 = "entry0"
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
                     "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt",
                     CONTROL: "-aa", ENTRY0: "-e0"}
+# The variables each of those columns runs under (an ablation: SAMATTN_HOPPER_ABLATION=name).
+ABLATION_ENVIRONMENT = {**{a: {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS},
+                        CONTROL: {}, ENTRY0: {"SAMATTN_HOPPER_TILE": "0"}}
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = tuple(f"samattn-hopper-{a}" for a in ABLATION_COLUMNS)
 METHODS = {
@@ -110,9 +113,7 @@ METHODS = {
 # and 128).
 ENVIRONMENT = {
     **{f"samattn-hopper-tile{t}": {"SAMATTN_HOPPER_TILE": str(t)} for t in TILE_VARIANTS},
-    **{f"samattn-hopper-{a}": {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS
-       if a not in (CONTROL, ENTRY0)},
-    f"samattn-hopper-{ENTRY0}": {"SAMATTN_HOPPER_TILE": "0"},
+    **{f"samattn-hopper-{a}": env for a, env in ABLATION_ENVIRONMENT.items()},
 }
 # What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
 # Q buffers).
