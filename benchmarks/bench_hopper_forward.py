@@ -92,12 +92,17 @@ CONTROL = "control"
 # where a shape rule picks another entry (forward_config.h's tile_variant_for_shape) its column
 # tests that rule; elsewhere it is the default kernel again.
 ENTRY0 = "entry0"
+# "entry1" is head dim 64's entry 1 forced (its short causal tile, in every build); it has no
+# column at other head dims, where only tuning builds compile entry 1.
+ENTRY1 = "entry1"
+ENTRY1_HEAD_DIM = 64
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
                     "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt",
-                    CONTROL: "-aa", ENTRY0: "-e0"}
+                    CONTROL: "-aa", ENTRY0: "-e0", ENTRY1: "-e1"}
 # The variables each of those columns runs under (an ablation: SAMATTN_HOPPER_ABLATION=name).
 ABLATION_ENVIRONMENT = {**{a: {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS},
-                        CONTROL: {}, ENTRY0: {"SAMATTN_HOPPER_TILE": "0"}}
+                        CONTROL: {}, ENTRY0: {"SAMATTN_HOPPER_TILE": "0"},
+                        ENTRY1: {"SAMATTN_HOPPER_TILE": "1"}}
 TILE_METHODS = tuple(f"samattn-hopper-tile{t}" for t in TILE_VARIANTS)
 ABLATION_METHODS = tuple(f"samattn-hopper-{a}" for a in ABLATION_COLUMNS)
 METHODS = {
@@ -137,7 +142,10 @@ def methods_for(cfg: AttentionConfig) -> dict:
         if name == "samattn-tensor_core":
             return OPTIONAL["sm80"]
         if name in ABLATION_METHODS:
-            return name.removeprefix("samattn-hopper-") in OPTIONAL["ablations"]
+            column = name.removeprefix("samattn-hopper-")
+            if column == ENTRY1 and cfg.head_dim != ENTRY1_HEAD_DIM:
+                return False
+            return column in OPTIONAL["ablations"]
         return True
     return {name: run for name, run in METHODS.items() if wanted(name)}
 
@@ -406,7 +414,8 @@ def main(argv=None) -> int:
                              "shared memory / the work counter / the narrow first block / the "
                              "tile lookahead / the causal tail of single tiles; control: the "
                              "default path again (an A/A column); entry0: entry 0 of the tile "
-                             "table forced, against the shape rules")
+                             "table forced, against the shape rules; entry1: head dim 64's "
+                             "entry 1 forced (head dim 64 rows only)")
     parser.add_argument("--clock-probe", type=int, default=0, metavar="N",
                         help="after every N-th timed call, read the SM clock with a short spin "
                              "(samattn.bench.timing's clock probe) and report each method's "

@@ -200,7 +200,7 @@ TEST(HopperTileTables, EveryVariantFitsAnH100Block) {
   }
 }
 
-// Head dim 64 runs its two-warpgroup entry on causal problems of at most 1024 queries and kept
+// Head dim 64 runs its two-warpgroup entry on causal problems of at most 512 queries and kept
 // keys (measured faster there), head dim 128 its early-Q entry on problems of at most 2048
 // queries and kept keys without kv_stride; everything else runs the default entry. Those entries
 // are compiled into every build.
@@ -218,11 +218,12 @@ TEST(HopperTileTables, ShortProblemsTakeTheirOwnTiles) {
   const int default64 = default_tile_variant(64), default128 = default_tile_variant(128);
   const ShapeCase shapes[] = {
       {64, true, 512, 512, 1, kShortCausalTile64},
-      {64, true, 1024, 1024, 1, kShortCausalTile64},
-      {64, true, 1, 1000, 1, kShortCausalTile64},
-      {64, true, 1024, 1024, 4, kShortCausalTile64},
-      {64, true, 1025, 1024, 1, default64},
-      {64, true, 1024, 1025, 1, default64},
+      {64, true, 1, 500, 1, kShortCausalTile64},
+      {64, true, 512, 512, 4, kShortCausalTile64},
+      {64, true, 513, 512, 1, default64},
+      {64, true, 512, 513, 1, default64},
+      {64, true, 1024, 1024, 1, default64},
+      {64, true, 1024, 1024, 4, default64},
       {64, false, 512, 512, 1, default64},
       {128, false, 512, 512, 1, kShortTile128},
       {128, true, 512, 512, 1, kShortTile128},

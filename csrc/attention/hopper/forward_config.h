@@ -128,13 +128,14 @@ inline constexpr int kDefaultTile128 = 0;
 inline constexpr int kDefaultTile192 = 1;
 inline constexpr int kDefaultTile256 = 0;
 
-// Head dim 64, causal, at most 1024 queries and kept keys: the two-warpgroup tile (entry 1).
-// Measured side by side (H200, bf16, commit 6d99e5d, H = 16, B * S = 16k): causal S = 512 186.4
-// against 176.8 TFLOPS for the default, 1k 264.3 against 252.5; causal 2k 333.8 against 341.7
-// and non-causal 1k 387.7 against 405.4, where the default stays. Its 128-row tiles cover less
-// of the diagonal than 192-row ones, which counts where tiles walk only a few key blocks.
+// Head dim 64, causal, at most 512 queries and kept keys: the two-warpgroup tile (entry 1). Its
+// 128-row tiles cover less of the diagonal than 192-row ones, which counts where tiles walk only
+// a few key blocks. Measured side by side (H200, bf16, H = 16, B * S = 16k): at commit 6d99e5d
+// it won causal 512 and 1k and lost causal 2k and non-causal 1k; since the tile lookahead and
+// the tail of single tiles (commit 274cf90, benchmarks/NOTES.md stop 41) entry 0 is 3.3% faster
+// at causal 1k (280.9 against 271.8 TFLOPS; 207.4k against 214.7k cycles) and ties at 512.
 inline constexpr int kShortCausalTile64 = 1;
-inline constexpr int64_t kShortCausalMaxSeqlen64 = 1024;
+inline constexpr int64_t kShortCausalMaxSeqlen64 = 512;
 
 // Head dim 128, kv_stride 1, at most 2048 queries and kept keys, causal or not: entry 2 (early
 // Q; ForwardTile::early_q has the measurements). A tile there walks at most 16 key blocks, so
