@@ -82,6 +82,10 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
     (CLOCK_PROBE_CYCLES) reads the SM clock the GPU has just run that method at (a diagnosis:
     the probe's spin adds a light phase between calls, the same for every method).
     """
+    if probe_every > 0:
+        # The spin's first launch in a process loads its kernel (lazy module loading), host time
+        # that the first probe's events would count: at e0804df a first reading of 71 MHz.
+        torch.cuda._sleep(CLOCK_PROBE_CYCLES)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -149,9 +153,10 @@ def settle(methods: dict, settle_ms: float = SETTLE_MS) -> None:
     """Runs the methods' first calls in turn, untimed and without their environments (which only
     pick among kernels), until `settle_ms` of GPU time has passed.
     After seconds of host work (FlexAttention's compile, a CPU reference) the GPU's clocks start
-    from idle and the first timed method would take their ramp: in 274cf90's two kv_stride
-    processes the clock probe's lowest reading was 92 and 175 MHz for the method that opened
-    the first round and over 1490 MHz for every other method."""
+    from idle and the first timed method would take their ramp. (274cf90's two kv_stride
+    processes read 92 and 175 MHz once, for the method that opened the first round, and over
+    1490 MHz for every other method; those single readings were the probe's first launch, which
+    `measure` now makes before its events.)"""
     if not methods:
         return
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
