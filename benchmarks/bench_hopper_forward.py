@@ -262,7 +262,7 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
             for name in (f"samattn-tile{t}" for t in TILE_VARIANTS)}
            if OPTIONAL["tiles"] else {}),
         **{"samattn-" + a: lambda: samattn.attention(q, k, v, kv_stride=stride)
-           for a in OPTIONAL["ablations"]},
+           for a in OPTIONAL["ablations"] if a != ENTRY1 or cfg.head_dim == ENTRY1_HEAD_DIM},
         "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
         "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
