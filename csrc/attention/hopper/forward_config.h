@@ -133,7 +133,8 @@ inline constexpr int kDefaultTile256 = 0;
 // a few key blocks. Measured side by side (H200, bf16, H = 16, B * S = 16k): at commit 6d99e5d
 // it won causal 512 and 1k and lost causal 2k and non-causal 1k; since the tile lookahead and
 // the tail of single tiles (commit 274cf90, benchmarks/NOTES.md stop 41) entry 0 is 3.3% faster
-// at causal 1k (280.9 against 271.8 TFLOPS; 207.4k against 214.7k cycles) and ties at 512.
+// at causal 1k (280.9 against 271.8 TFLOPS; 207.4k against 214.7k cycles) and ties at 512;
+// with this rule (commit e0804df) entry 0 ran causal 1k in 204.1k cycles, entry 1 in 211.5k.
 inline constexpr int kShortCausalTile64 = 1;
 inline constexpr int64_t kShortCausalMaxSeqlen64 = 512;
 
