@@ -95,7 +95,8 @@ ENTRY0 = "entry0"
 # "entry1" is head dim 64's entry 1 forced (its short causal tile, in every build); it has no
 # column at other head dims, where only tuning builds compile entry 1.
 ENTRY1 = "entry1"
-ENTRY1_HEAD_DIM = 64
+# Columns that exist only at some head dims (the rest at every one).
+COLUMN_HEAD_DIMS = {ENTRY1: (64,)}
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
                     "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt",
                     CONTROL: "-aa", ENTRY0: "-e0", ENTRY1: "-e1"}
@@ -135,6 +136,11 @@ TILE_LEGEND = {
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3, "probe_every": 0}
 
 
+def ablation_wanted(column: str, head_dim: int) -> bool:
+    """Whether this run measures ablation column `column` on rows of `head_dim`."""
+    return column in OPTIONAL["ablations"] and head_dim in COLUMN_HEAD_DIMS.get(column, (head_dim,))
+
+
 def methods_for(cfg: AttentionConfig) -> dict:
     def wanted(name):
         if name in TILE_METHODS:
@@ -142,10 +148,7 @@ def methods_for(cfg: AttentionConfig) -> dict:
         if name == "samattn-tensor_core":
             return OPTIONAL["sm80"]
         if name in ABLATION_METHODS:
-            column = name.removeprefix("samattn-hopper-")
-            if column == ENTRY1 and cfg.head_dim != ENTRY1_HEAD_DIM:
-                return False
-            return column in OPTIONAL["ablations"]
+            return ablation_wanted(name.removeprefix("samattn-hopper-"), cfg.head_dim)
         return True
     return {name: run for name, run in METHODS.items() if wanted(name)}
 
@@ -262,7 +265,7 @@ def strided(dtype: str, min_reps: int, budget_ms: float, stride: int = 4) -> dic
             for name in (f"samattn-tile{t}" for t in TILE_VARIANTS)}
            if OPTIONAL["tiles"] else {}),
         **{"samattn-" + a: lambda: samattn.attention(q, k, v, kv_stride=stride)
-           for a in OPTIONAL["ablations"] if a != ENTRY1 or cfg.head_dim == ENTRY1_HEAD_DIM},
+           for a in OPTIONAL["ablations"] if ablation_wanted(a, cfg.head_dim)},
         "sdpa-flash-view": on_view(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn-view": on_view(SDPBackend.CUDNN_ATTENTION),
         "flex-mask_mod": lambda: flex(q, k, v, block_mask=mask),
