@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 from dataclasses import dataclass
@@ -61,6 +62,14 @@ def clock_from_probe(probe_ms: float, cycles: int = CLOCK_PROBE_CYCLES) -> float
     return cycles / (probe_ms * 1e3)
 
 
+@functools.cache
+def load_clock_probe(device: int) -> None:
+    """Launches the probe's spin once per device and process: its first launch loads its kernel
+    (lazy module loading), host time that the first probe's events would count (at e0804df a
+    first reading of 71 MHz)."""
+    torch.cuda._sleep(CLOCK_PROBE_CYCLES)
+
+
 # A measurement's warm-up: at least this much GPU time (and 3 calls).
 WARMUP_MS = 25.0
 
@@ -83,9 +92,7 @@ def measure(calls: Sequence[Callable[[], object]], *, min_reps: int = 10, max_re
     the probe's spin adds a light phase between calls, the same for every method).
     """
     if probe_every > 0:
-        # The spin's first launch in a process loads its kernel (lazy module loading), host time
-        # that the first probe's events would count: at e0804df a first reading of 71 MHz.
-        torch.cuda._sleep(CLOCK_PROBE_CYCLES)
+        load_clock_probe(torch.cuda.current_device())
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
