@@ -223,10 +223,10 @@ struct ForwardKernelOptions {
   // the consumers wait for the masks on a barrier of their own ("q_after_list": the Q copy
   // where a tile without a map has it, after the list, as until stop 37).
   bool q_before_list = true;
-  // With a sliding window and a positive scale, a masked block's raw scores are masked and go
-  // through the fused FFMA, as an unmasked block's do ("scaled_window_mask": scaled first, then
-  // masked, as until stop 37).
-  bool lean_window_mask = true;
+  // With a positive scale, a masked block's raw scores are masked and go through the fused
+  // FFMA, as an unmasked block's do ("scaled_mask": scaled first, then masked, as until stop 37
+  // with a window and until stop 42 without one).
+  bool lean_mask = true;
   // With two Q buffers, a tile of more than `stages` key blocks takes the next tile's
   // coordinates and issues its Q two key blocks before its last, so that only the next tile's
   // first K is in flight at the boundary (forward_producer.cuh; "no_lookahead": the next tile's

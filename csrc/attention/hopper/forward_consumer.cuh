@@ -2,7 +2,7 @@
 // [64 w, 64 w + 64) of every tile its block takes (the producer's order). Per key block:
 //   S = Q K^T (wgmma, both operands in shared memory, fp32 accumulators in registers)
 //   -> online softmax with one FFMA + exp2 per raw score (masking only on blocks that cross the
-//      end of the keys, the causal diagonal or a window's ends; causal masking scales first)
+//      end of the keys, the causal diagonal or a window's ends, on the raw scores)
 //   -> O += P V (wgmma, P rounded to the operand type and fed from registers as the A operand:
 //      the accumulator fragment of S is already the A fragment layout).
 // Within a warpgroup the softmax of block j overlaps the tensor cores' O += P_{j-1} V_{j-1}: both
@@ -272,55 +272,55 @@ __device__ __forceinline__ void consumer_loop(
   auto softmax_block = [&](auto& s, int n_block, bool hidden, float(&rescale)[2]) {
     const bool needs_mask =
         hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
-    if (!needs_mask && fuse_scale) {
-      softmax.update(s, scale_log2, rescale);
-      return;
-    }
-    const TileGeometry g = geometry(cur);
-    // A window's masked blocks (two of a tile's three at a 256-key window) go through the fused
-    // FFMA: their raw scores are masked (-inf stays -inf under a positive scale), not scaled
-    // first, which saves a multiply per score (window 256's trace at 5264b1c: masked softmaxes
-    // 2.7-3.0k cycles, unmasked ones 1.6k).
-    const bool fused_mask = g.windowed && fuse_scale && params.options.lean_window_mask;
-    if (!fused_mask) {
+    // Masked blocks go through the fused FFMA as unmasked ones do: their raw scores are masked
+    // (-inf stays -inf under a positive scale), which saves a multiply per score, and a call
+    // site inlines one copy of the softmax, not one per mask branch (sass-report: fwd:64:1 8040
+    // -> 7328 instructions). With a scale <= 0 (whose product would reorder the max), or the
+    // scaled_mask ablation on a masked block, the scores are scaled first and the softmax runs
+    // with scale 1.
+    const bool scale_first = !fuse_scale || (needs_mask && !params.options.lean_mask);
+    if (scale_first) {
       CUTE_UNROLL
       for (int i = 0; i < size(s); ++i) s(i) *= scale_log2;
     }
-    if (needs_mask && g.windowed) {
-      int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-        const detail::Span span = window_key_span(g, row);
-        const int64_t block_begin = int64_t{n_block} * kBlockN;
-        low[r] = static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
-        limit[r] =
-            hidden
-                ? 0
-                : static_cast<int>(max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
-      }
-      CUTE_UNROLL
-      for (int i = 0; i < size(s); ++i) {
-        const int column = get<1>(tScS(i));
-        if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) s(i) = -INFINITY;
-      }
-    } else if (needs_mask) {
-      int limit[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (kHoistedLimits) {
-          limit[r] = hidden ? 0 : max(0, min(cur.key_end[r] - n_block * kBlockN, kBlockN));
-        } else {
+    if (needs_mask) {
+      const TileGeometry g = geometry(cur);
+      if (g.windowed) {
+        int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
           const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
-          limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+          const detail::Span span = window_key_span(g, row);
+          const int64_t block_begin = int64_t{n_block} * kBlockN;
+          low[r] =
+              static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
+          limit[r] = hidden ? 0
+                            : static_cast<int>(
+                                  max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < size(s); ++i) {
+          const int column = get<1>(tScS(i));
+          if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) s(i) = -INFINITY;
+        }
+      } else {
+        int limit[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          if constexpr (kHoistedLimits) {
+            limit[r] = hidden ? 0 : max(0, min(cur.key_end[r] - n_block * kBlockN, kBlockN));
+          } else {
+            const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past
+            limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+          }
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < size(s); ++i) {
+          if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) s(i) = -INFINITY;
         }
       }
-      CUTE_UNROLL
-      for (int i = 0; i < size(s); ++i) {
-        if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) s(i) = -INFINITY;
-      }
     }
-    softmax.update(s, fused_mask ? scale_log2 : 1.f, rescale);
+    softmax.update(s, scale_first ? 1.f : scale_log2, rescale);
   };
   // P from the scores s (tSrS, or tSrS_narrow: the block's first keys, the rest P = 0).
   auto convert_p = [&](const auto& s) {

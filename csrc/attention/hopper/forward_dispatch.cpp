@@ -184,8 +184,8 @@ ForwardKernelOptions forward_options_from_environment() {
       options.list_under_coords = false;
     } else if (item == "q_after_list") {
       options.q_before_list = false;
-    } else if (item == "scaled_window_mask") {
-      options.lean_window_mask = false;
+    } else if (item == "scaled_mask") {
+      options.lean_mask = false;
     } else if (item == "no_lookahead") {
       options.tile_lookahead = false;
     } else if (item == "paired_tail") {
@@ -194,7 +194,7 @@ ForwardKernelOptions forward_options_from_environment() {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
                     "no_pingpong, no_staged_store, static_schedule, wide_first_block, "
-                    "list_after_coords, q_after_list, scaled_window_mask, no_lookahead, "
+                    "list_after_coords, q_after_list, scaled_mask, no_lookahead, "
                     "paired_tail and varlen_block_per_unit, got '",
                     value, "'");
     }
