@@ -53,6 +53,13 @@ struct ForwardTile {
   // of the D = 64 causal S = 1k trace (the first softmax 2.8k cycles, an unmasked one 1.5k).
   // Costs 2 registers through the key loop. Not with a window (its spans stay per block).
   bool hoisted_limits = false;
+  // A key block's softmax is inlined once per call site, masked or not (masks applied to the
+  // raw scores, which the fused FFMA scales), not once more for unmasked blocks: fwd:64:1 7328
+  // SASS instructions against 8040 (sass-report). Side by side (stop 43, H200, bf16, two
+  // processes each): +4.7% at head dim 64 causal 512, +1% at 64 causal 1k and 2k, +3% at 192
+  // and +1.5% at 96 (S = 4k); but -1.2 to -1.6% at 128 dense S <= 2k and -3.3% at 256 dense 4k,
+  // where the unmasked blocks dominate. So the entries of head dims 64 and 192 have it.
+  bool one_softmax_copy = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
   constexpr int threads() const { return 128 * (1 + consumer_warpgroups); }
@@ -102,10 +109,12 @@ struct ForwardTile {
 // FMA-pipe exponentials (its registers serialised its wgmmas), the tiles without a lean start, an
 // overlapped tile boundary (the next tile's first S GEMM under the epilogue: 0.90-0.95x the default
 // in three runs; at 2 stages the next tile's first K lands after the last P V it should hide
-// behind; commit 7aaaa7a has it), a lean mask (masked blocks through the fused FFMA: 0.98-1.02x)
-// and, at head dim 64, the early Q copy (entry 2 until stop 33: 0.99-1.02x its twin, entry 1).
-inline constexpr ForwardTile kTiles64[] = {
-    {3, 128, 3, 2, 32, true}, {2, 128, 3, 2, 40, true}, {2, 128, 3, 2, 40, true, false, true}};
+// behind; commit 7aaaa7a has it), a lean mask alone (masked causal blocks through the fused FFMA:
+// 0.98-1.02x; with ForwardTile::one_softmax_copy it gains) and, at head dim 64, the early Q copy
+// (entry 2 until stop 33: 0.99-1.02x its twin, entry 1).
+inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true, false, false, true},
+                                           {2, 128, 3, 2, 40, true, false, false, true},
+                                           {2, 128, 3, 2, 40, true, false, true, true}};
 inline constexpr ForwardTile kTiles128[] = {
     {2, 128, 2, 2, 40, true}, {2, 128, 2, 2, 40, true, true, true}, {2, 128, 2, 2, 40, true, true}};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
@@ -113,8 +122,9 @@ inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // so that the next tile's Q loads under the current one and O leaves through the free buffer by
 // TMA (the staged store needs two); [2] 112 keys per stage (48 + 168 KiB; S 56 + P 28 + O 96
 // registers), fewer key blocks and O rescales per tile. 128 keys would need 240 KiB.
-inline constexpr ForwardTile kTiles192[] = {
-    {2, 80, 2, 1, 24}, {2, 80, 2, 2, 24}, {2, 112, 2, 1, 24}};
+inline constexpr ForwardTile kTiles192[] = {{2, 80, 2, 1, 24, false, false, false, true},
+                                            {2, 80, 2, 2, 24, false, false, false, true},
+                                            {2, 112, 2, 1, 24, false, false, false, true}};
 // Second H200 run (commit 2771218, bench_hopper_forward.py, every variant in one process): at
 // D = 64 the three-warpgroup tile beat the two-warpgroup one (then with FMA-pipe exponentials,
 // and serialized if it compiled then as it did in stop 24) at every S >= 2k (0.98-1.10x cuDNN
@@ -224,8 +234,9 @@ struct ForwardKernelOptions {
   // where a tile without a map has it, after the list, as until stop 37).
   bool q_before_list = true;
   // With a positive scale, a masked block's raw scores are masked and go through the fused
-  // FFMA, as an unmasked block's do ("scaled_mask": scaled first, then masked, as until stop 37
-  // with a window and until stop 42 without one).
+  // FFMA, as an unmasked block's do: with a window in every tile, and with any mask in the
+  // tiles with ForwardTile::one_softmax_copy ("scaled_mask": scaled first, then masked, as until
+  // stop 37 with a window and until stop 42 without one).
   bool lean_mask = true;
   // With two Q buffers, a tile of more than `stages` key blocks takes the next tile's
   // coordinates and issues its Q two key blocks before its last, so that only the next tile's

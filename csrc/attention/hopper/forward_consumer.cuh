@@ -2,7 +2,7 @@
 // [64 w, 64 w + 64) of every tile its block takes (the producer's order). Per key block:
 //   S = Q K^T (wgmma, both operands in shared memory, fp32 accumulators in registers)
 //   -> online softmax with one FFMA + exp2 per raw score (masking only on blocks that cross the
-//      end of the keys, the causal diagonal or a window's ends, on the raw scores)
+//      end of the keys, the causal diagonal or a window's ends; ForwardTile::one_softmax_copy)
 //   -> O += P V (wgmma, P rounded to the operand type and fed from registers as the A operand:
 //      the accumulator fragment of S is already the A fragment layout).
 // Within a warpgroup the softmax of block j overlaps the tensor cores' O += P_{j-1} V_{j-1}: both
@@ -56,6 +56,7 @@ __device__ __forceinline__ void consumer_loop(
   constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kLeanTileStart = Traits::kTile.lean_tile_start;
   constexpr bool kHoistedLimits = Traits::kTile.hoisted_limits;
+  constexpr bool kOneSoftmaxCopy = Traits::kTile.one_softmax_copy;
   const detail::ForwardKernelParams& p = params.p;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0 .. kConsumerThreads - 1
   const int lane = tid % 32;
@@ -272,25 +273,75 @@ __device__ __forceinline__ void consumer_loop(
   auto softmax_block = [&](auto& s, int n_block, bool hidden, float(&rescale)[2]) {
     const bool needs_mask =
         hidden || n_block >= cur.first_masked_block || n_block < cur.first_unclipped_block;
-    // The hot path keeps a copy of its own: merged into the masked one, it ran dense head dim
-    // 128 1-2% and 256 3% slower (stop 43, d19edaf against a592f08).
-    if (!needs_mask && fuse_scale) {
-      softmax.update(s, scale_log2, rescale);
-      return;
-    }
-    // Masked blocks go through the fused FFMA as unmasked ones do: their raw scores are masked
-    // (-inf stays -inf under a positive scale), which saves a multiply per score, and every mask
-    // branch shares one inlined copy of the softmax. With a scale <= 0 (whose product would
-    // reorder the max), or the scaled_mask ablation, the scores are scaled first and the softmax
-    // runs with scale 1.
-    const bool scale_first = !fuse_scale || !params.options.lean_mask;
-    if (scale_first) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(s); ++i) s(i) *= scale_log2;
-    }
-    if (needs_mask) {
+    // Two bodies with the same masks (ForwardTile::one_softmax_copy), each written as it was
+    // measured: a shared mask helper changed ptxas's register choices in both kernels, and
+    // sass-report shows these bodies compile to the measured kernels' SASS (d19edaf, a592f08).
+    if constexpr (kOneSoftmaxCopy) {
+      // Masked blocks go through the fused FFMA as unmasked ones do: their raw scores are masked
+      // (-inf stays -inf under a positive scale), which saves a multiply per score, and a call
+      // site inlines one copy of the softmax, not one per mask branch (sass-report: fwd:64:1 8040
+      // -> 7328 instructions). With a scale <= 0 (whose product would reorder the max), or the
+      // scaled_mask ablation on a masked block, the scores are scaled first and the softmax runs
+      // with scale 1.
+      const bool scale_first = !fuse_scale || (needs_mask && !params.options.lean_mask);
+      if (scale_first) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(s); ++i) s(i) *= scale_log2;
+      }
+      if (needs_mask) {
+        const TileGeometry g = geometry(cur);
+        if (g.windowed) {
+          int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
+            const detail::Span span = window_key_span(g, row);
+            const int64_t block_begin = int64_t{n_block} * kBlockN;
+            low[r] =
+                static_cast<int>(max(int64_t{0}, min(span.begin - block_begin, int64_t{kBlockN})));
+            limit[r] = hidden ? 0
+                              : static_cast<int>(
+                                    max(int64_t{0}, min(span.end - block_begin, int64_t{kBlockN})));
+          }
+          CUTE_UNROLL
+          for (int i = 0; i < size(s); ++i) {
+            const int column = get<1>(tScS(i));
+            if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) s(i) = -INFINITY;
+          }
+        } else {
+          int limit[2];
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            if constexpr (kHoistedLimits) {
+              limit[r] = hidden ? 0 : max(0, min(cur.key_end[r] - n_block * kBlockN, kBlockN));
+            } else {
+              const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past
+              limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
+            }
+          }
+          CUTE_UNROLL
+          for (int i = 0; i < size(s); ++i) {
+            if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) s(i) = -INFINITY;
+          }
+        }
+      }
+      softmax.update(s, scale_first ? 1.f : scale_log2, rescale);
+    } else {
+      if (!needs_mask && fuse_scale) {
+        softmax.update(s, scale_log2, rescale);
+        return;
+      }
       const TileGeometry g = geometry(cur);
-      if (g.windowed) {
+      // A window's masked blocks (two of a tile's three at a 256-key window) go through the fused
+      // FFMA: their raw scores are masked (-inf stays -inf under a positive scale), not scaled
+      // first, which saves a multiply per score (window 256's trace at 5264b1c: masked softmaxes
+      // 2.7-3.0k cycles, unmasked ones 1.6k).
+      const bool fused_mask = g.windowed && fuse_scale && params.options.lean_mask;
+      if (!fused_mask) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(s); ++i) s(i) *= scale_log2;
+      }
+      if (needs_mask && g.windowed) {
         int low[2], limit[2];  // this block's visible columns of each row: [low, limit)
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
@@ -308,14 +359,14 @@ __device__ __forceinline__ void consumer_loop(
           const int column = get<1>(tScS(i));
           if (column >= limit[(i / 2) % 2] || column < low[(i / 2) % 2]) s(i) = -INFINITY;
         }
-      } else {
+      } else if (needs_mask) {
         int limit[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
           if constexpr (kHoistedLimits) {
             limit[r] = hidden ? 0 : max(0, min(cur.key_end[r] - n_block * kBlockN, kBlockN));
           } else {
-            const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past
+            const int row = min(cur.c.m_begin + local_row[r], g.seqlen_q - 1);  // rows past: unused
             limit[r] = hidden ? 0 : max(0, min(row_key_end(g, row) - n_block * kBlockN, kBlockN));
           }
         }
@@ -324,8 +375,8 @@ __device__ __forceinline__ void consumer_loop(
           if (get<1>(tScS(i)) >= limit[(i / 2) % 2]) s(i) = -INFINITY;
         }
       }
+      softmax.update(s, fused_mask ? scale_log2 : 1.f, rescale);
     }
-    softmax.update(s, scale_first ? 1.f : scale_log2, rescale);
   };
   // P from the scores s (tSrS, or tSrS_narrow: the block's first keys, the rest P = 0).
   auto convert_p = [&](const auto& s) {
