@@ -55,10 +55,13 @@ struct ForwardTile {
   bool hoisted_limits = false;
   // A key block's softmax is inlined once per call site, masked or not (masks applied to the
   // raw scores, which the fused FFMA scales), not once more for unmasked blocks: fwd:64:1 7328
-  // SASS instructions against 8040 (sass-report). Side by side (stop 43, H200, bf16, two
-  // processes each): +4.7% at head dim 64 causal 512, +1% at 64 causal 1k and 2k, +3% at 192
-  // and +1.5% at 96 (S = 4k); but -1.2 to -1.6% at 128 dense S <= 2k and -3.3% at 256 dense 4k,
-  // where the unmasked blocks dominate. So the entries of head dims 64 and 192 have it.
+  // SASS instructions against 8040 (sass-report). Side by side with it in every entry (stop 43,
+  // H200, bf16, two processes each): +4.7% at head dim 64 causal 512 (entry 1), +1% at 64
+  // causal 1k and 2k (entry 0), +3% at 192 and +1.5% at 96 (S = 4k); but -1.2 to -1.6% at 128
+  // dense S <= 2k and -3.3% at 256 dense 4k, and head dim 64's entry 0 ran dense and causal 4k
+  // in 1-2% more cycles than at e0804df in four processes (cuDNN's within 0.4% and 1%): where
+  // unmasked blocks dominate, the shared copy costs. So head dim 64's short causal entries and
+  // head dim 192's have it.
   bool one_softmax_copy = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
@@ -112,7 +115,7 @@ struct ForwardTile {
 // behind; commit 7aaaa7a has it), a lean mask alone (masked causal blocks through the fused FFMA:
 // 0.98-1.02x; with ForwardTile::one_softmax_copy it gains) and, at head dim 64, the early Q copy
 // (entry 2 until stop 33: 0.99-1.02x its twin, entry 1).
-inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true, false, false, true},
+inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true},
                                            {2, 128, 3, 2, 40, true, false, false, true},
                                            {2, 128, 3, 2, 40, true, false, true, true}};
 inline constexpr ForwardTile kTiles128[] = {
