@@ -253,12 +253,24 @@ TEST(HopperTileTables, ShortProblemsTakeTheirOwnTiles) {
     EXPECT_EQ(tile_in_every_build(128, variant),
               variant == default_tile_variant(128) || variant == kShortTile128);
   }
-  // Head dim 96 runs head dim 128's table, and every build compiles the same entries of it;
-  // head dim 192 has its own table, whose default entry is head dim 256's tile.
+  // Head dim 96 runs head dim 128's tiles, and every build compiles the same entries of its
+  // table; only entry 0 differs, by its one softmax copy. Head dim 192 has its own table, whose
+  // default entry is head dim 256's tile.
   EXPECT_TRUE(is_supported_head_dim(96));
   EXPECT_EQ(tile_variants(96), tile_variants(128));
   for (int variant = 0; variant < tile_variants(96); ++variant) {
-    EXPECT_EQ(tile_in_every_build(96, variant), tile_in_every_build(128, variant)) << variant;
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    EXPECT_EQ(tile_in_every_build(96, variant), tile_in_every_build(128, variant));
+    const ForwardTile d96 = forward_tile(96, variant), d128 = forward_tile(128, variant);
+    EXPECT_EQ(d96.consumer_warpgroups, d128.consumer_warpgroups);
+    EXPECT_EQ(d96.block_n, d128.block_n);
+    EXPECT_EQ(d96.stages, d128.stages);
+    EXPECT_EQ(d96.q_buffers, d128.q_buffers);
+    EXPECT_EQ(d96.producer_registers, d128.producer_registers);
+    EXPECT_EQ(d96.lean_tile_start, d128.lean_tile_start);
+    EXPECT_EQ(d96.early_q, d128.early_q);
+    EXPECT_EQ(d96.hoisted_limits, d128.hoisted_limits);
+    EXPECT_EQ(d96.one_softmax_copy, variant == 0 || d128.one_softmax_copy);
   }
   EXPECT_TRUE(is_supported_head_dim(192));
   EXPECT_EQ(forward_tile(192, 0).block_n, forward_tile(256).block_n);

@@ -315,4 +315,15 @@ class ScopedHopperAblation {
   ScopedHopperAblation& operator=(const ScopedHopperAblation&) = delete;
 };
 
+// Sets SAMATTN_HOPPER_TILE (the Hopper forward's tile-table entry) for one scope.
+class ScopedHopperTile {
+ public:
+  explicit ScopedHopperTile(int variant) {
+    setenv("SAMATTN_HOPPER_TILE", std::to_string(variant).c_str(), 1);
+  }
+  ~ScopedHopperTile() { unsetenv("SAMATTN_HOPPER_TILE"); }
+  ScopedHopperTile(const ScopedHopperTile&) = delete;
+  ScopedHopperTile& operator=(const ScopedHopperTile&) = delete;
+};
+
 }  // namespace samattn::testing

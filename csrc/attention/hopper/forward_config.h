@@ -8,7 +8,8 @@
 namespace samattn::hopper {
 
 // Head dimensions with an instantiation (fp16 and bf16; q and v share it). 96 runs head dim 128's
-// tile table; 192 has its own, whose entry 0 is head dim 256's tile (forward_tile).
+// tiles (its own table differs only in one_softmax_copy); 192 has its own, whose entry 0 is head
+// dim 256's tile (forward_tile).
 inline constexpr int kSupportedHeadDims[] = {64, 96, 128, 192, 256};
 
 constexpr bool is_supported_head_dim(int64_t head_dim) {
@@ -60,8 +61,8 @@ struct ForwardTile {
   // causal 1k and 2k (entry 0), +3% at 192 and +1.5% at 96 (S = 4k); but -1.2 to -1.6% at 128
   // dense S <= 2k and -3.3% at 256 dense 4k, and head dim 64's entry 0 ran dense and causal 4k
   // in 1-2% more cycles than at e0804df in four processes (cuDNN's within 0.4% and 1%): where
-  // unmasked blocks dominate, the shared copy costs. So head dim 64's short causal entries and
-  // head dim 192's have it.
+  // unmasked blocks dominate, the shared copy costs. So head dim 64's short causal entries, head
+  // dim 192's and head dim 96's entry 0 (kTiles96) have it.
   bool one_softmax_copy = false;
 
   constexpr int block_m() const { return 64 * consumer_warpgroups; }
@@ -120,6 +121,12 @@ inline constexpr ForwardTile kTiles64[] = {{3, 128, 3, 2, 32, true},
                                            {2, 128, 3, 2, 40, true, false, true, true}};
 inline constexpr ForwardTile kTiles128[] = {
     {2, 128, 2, 2, 40, true}, {2, 128, 2, 2, 40, true, true, true}, {2, 128, 2, 2, 40, true, true}};
+// Head dim 96: head dim 128's tiles, entry 0 with one_softmax_copy. Stop 44 (H200, bf16, commit
+// db65ea8 against 7750ae5, two processes each): head dim 96 at S = 4k ran 1.024x dense and 1.029x
+// causal with it, while head dim 128, whose entry it was, lost 1.6-4.4% at S = 4k-16k; so only
+// the head dim 96 instantiation (which the library already compiled) changes.
+inline constexpr ForwardTile kTiles96[] = {
+    {2, 128, 2, 2, 40, true, false, false, true}, kTiles128[1], kTiles128[2]};
 inline constexpr ForwardTile kTiles256[] = {{2, 80, 2, 1, 24}};
 // Head dim 192: [0] head dim 256's tile (48 + 120 KiB); [1] with two Q buffers (96 + 120 KiB),
 // so that the next tile's Q loads under the current one and O leaves through the free buffer by
@@ -160,6 +167,7 @@ inline constexpr int64_t kShortMaxSeqlen128 = 2048;
 
 constexpr int tile_variants(int64_t head_dim) {
   if (head_dim <= 64) return static_cast<int>(sizeof(kTiles64) / sizeof(kTiles64[0]));
+  if (head_dim <= 96) return static_cast<int>(sizeof(kTiles96) / sizeof(kTiles96[0]));
   if (head_dim <= 128) return static_cast<int>(sizeof(kTiles128) / sizeof(kTiles128[0]));
   if (head_dim <= 192) return static_cast<int>(sizeof(kTiles192) / sizeof(kTiles192[0]));
   return static_cast<int>(sizeof(kTiles256) / sizeof(kTiles256[0]));
@@ -196,6 +204,7 @@ constexpr bool tile_in_every_build(int64_t head_dim, int variant) {
 // The caller keeps variant within [0, tile_variants(head_dim)).
 constexpr ForwardTile forward_tile(int64_t head_dim, int variant) {
   if (head_dim <= 64) return kTiles64[variant];
+  if (head_dim <= 96) return kTiles96[variant];
   if (head_dim <= 128) return kTiles128[variant];
   if (head_dim <= 192) return kTiles192[variant];
   return kTiles256[variant];
