@@ -4,8 +4,8 @@ in one process, bf16 by default.
 
 In a build configured with -DSAMATTN_HOPPER_TUNING=ON, also the Hopper path's alternative tile
 variants (SAMATTN_HOPPER_TILE=1, 2: entries of forward_config.h's tile tables, TILE_LEGEND)
-at head dims 64 and 128, so one run compares them; without that build those columns are left
-out. With --ablations, also the Hopper path with its ping-pong, its output store through shared
+at head dims 64, 96, 128 and 192, so one run compares them; without that build those columns are
+left out. With --ablations, also the Hopper path with its ping-pong, its output store through shared
 memory, its work-counter schedule or its narrow first block switched off
 (SAMATTN_HOPPER_ABLATION), to measure what each is worth.
 
@@ -121,16 +121,20 @@ ENVIRONMENT = {
     **{f"samattn-hopper-tile{t}": {"SAMATTN_HOPPER_TILE": str(t)} for t in TILE_VARIANTS},
     **{f"samattn-hopper-{a}": env for a, env in ABLATION_ENVIRONMENT.items()},
 }
-# What the tile entries are (forward_config.h's kTiles64 / kTiles128 / kTiles192; M x N x stages,
-# Q buffers).
+# What the tile entries are (forward_config.h's kTiles64 / kTiles96 / kTiles128 / kTiles192;
+# M x N x stages, Q buffers; "one copy": ForwardTile::one_softmax_copy).
 TILE_LEGEND = {
     64: ("192x128 (3 consumer warpgroups) 3 stages 2 Q, lean tile start",
-         "128x128 3 stages 2 Q, lean tile start",
-         "128x128 3 stages 2 Q, lean tile start, hoisted limits"),
+         "128x128 3 stages 2 Q, lean tile start, one copy",
+         "128x128 3 stages 2 Q, lean tile start, hoisted limits, one copy"),
+    96: ("128x128 2 stages 2 Q, lean tile start, one copy",
+         "128x128 2 stages 2 Q, lean tile start, early Q, hoisted limits",
+         "128x128 2 stages 2 Q, lean tile start, early Q"),
     128: ("128x128 2 stages 2 Q, lean tile start",
           "128x128 2 stages 2 Q, lean tile start, early Q, hoisted limits",
           "128x128 2 stages 2 Q, lean tile start, early Q"),
-    192: ("128x80 2 stages 1 Q", "128x80 2 stages 2 Q", "128x112 2 stages 1 Q"),
+    192: ("128x80 2 stages 1 Q, one copy", "128x80 2 stages 2 Q, one copy",
+          "128x112 2 stages 1 Q, one copy"),
 }
 # Which optional columns this run measures (main() decides).
 OPTIONAL = {"tiles": False, "ablations": (), "sm80": True, "rounds": 3, "probe_every": 0}
@@ -331,8 +335,8 @@ def print_summary(result: dict) -> None:
 
     tiles, ablations = OPTIONAL["tiles"], OPTIONAL["ablations"]
     print(f"\nsummary (TFLOPS; cuBLAS {result['cublas_8192_tflops']:.1f}; t0 = the default"
-          " path: entry 0, at D = 64 causal with S <= 1k entry 1, at D = 128 with S <= 2k and"
-          " kv_stride 1 entry 2"
+          " path: entry 0 (D = 192: entry 1), at D = 64 causal with S <= 512 entry 1, at D = 96"
+          " and 128 with S <= 2k and kv_stride 1 entry 2"
           + ("; t1, t2 = SAMATTN_HOPPER_TILE=1, 2" if tiles else "")
           + ("; -pp, -ss, -dyn, -nb, -la, -pt: t0 over itself without ping-pong / the staged"
              " output store / the work counter / the narrow first block / the lookahead / the"
