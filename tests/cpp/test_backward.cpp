@@ -750,12 +750,9 @@ TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
 }
 
 // Sets SAMATTN_HOPPER_BWD_VARIANT for one scope (the dispatcher reads it on every call).
-class ScopedHopperBackwardVariant {
- public:
-  explicit ScopedHopperBackwardVariant(const char* value) {
-    setenv("SAMATTN_HOPPER_BWD_VARIANT", value, 1);
-  }
-  ~ScopedHopperBackwardVariant() { unsetenv("SAMATTN_HOPPER_BWD_VARIANT"); }
+struct ScopedHopperBackwardVariant : ScopedEnvironmentVariable {
+  explicit ScopedHopperBackwardVariant(const char* value)
+      : ScopedEnvironmentVariable("SAMATTN_HOPPER_BWD_VARIANT", value) {}
 };
 
 // Expects the Hopper backward of a small `dtype` / `head_dim` call to throw an error that names

@@ -306,24 +306,31 @@ inline std::string hopper_skip_reason() {
     if (!reason.empty()) GTEST_SKIP() << reason;     \
   } while (0)
 
-// Sets SAMATTN_HOPPER_ABLATION for one scope (the launcher reads it on every call).
-class ScopedHopperAblation {
+// Sets an environment variable for one scope (the library reads its tuning variables on every
+// call), then unsets it.
+class ScopedEnvironmentVariable {
  public:
-  explicit ScopedHopperAblation(const char* value) { setenv("SAMATTN_HOPPER_ABLATION", value, 1); }
-  ~ScopedHopperAblation() { unsetenv("SAMATTN_HOPPER_ABLATION"); }
-  ScopedHopperAblation(const ScopedHopperAblation&) = delete;
-  ScopedHopperAblation& operator=(const ScopedHopperAblation&) = delete;
+  ScopedEnvironmentVariable(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnvironmentVariable() { unsetenv(name_); }
+  ScopedEnvironmentVariable(const ScopedEnvironmentVariable&) = delete;
+  ScopedEnvironmentVariable& operator=(const ScopedEnvironmentVariable&) = delete;
+
+ private:
+  const char* name_;
 };
 
-// Sets SAMATTN_HOPPER_TILE (the Hopper forward's tile-table entry) for one scope.
-class ScopedHopperTile {
- public:
-  explicit ScopedHopperTile(int variant) {
-    setenv("SAMATTN_HOPPER_TILE", std::to_string(variant).c_str(), 1);
-  }
-  ~ScopedHopperTile() { unsetenv("SAMATTN_HOPPER_TILE"); }
-  ScopedHopperTile(const ScopedHopperTile&) = delete;
-  ScopedHopperTile& operator=(const ScopedHopperTile&) = delete;
+// SAMATTN_HOPPER_ABLATION (the Hopper forward's feature switches) for one scope.
+struct ScopedHopperAblation : ScopedEnvironmentVariable {
+  explicit ScopedHopperAblation(const char* value)
+      : ScopedEnvironmentVariable("SAMATTN_HOPPER_ABLATION", value) {}
+};
+
+// SAMATTN_HOPPER_TILE (the Hopper forward's tile-table entry) for one scope.
+struct ScopedHopperTile : ScopedEnvironmentVariable {
+  explicit ScopedHopperTile(int variant)
+      : ScopedEnvironmentVariable("SAMATTN_HOPPER_TILE", std::to_string(variant)) {}
 };
 
 }  // namespace samattn::testing
