@@ -130,8 +130,11 @@ def main(argv=None):
                         help="measured time per implementation and shape")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],
                         help="NAME:VAR=VALUE[:HEAD_DIMS]: the Hopper path with VAR=VALUE set")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["sm80"],
+    parser.add_argument("--skip", nargs="*", default=[], choices=["sm80", "hopper"],
                         help="implementations not to time")
+    parser.add_argument("--simt", action="store_true",
+                        help="also time samattn's SIMT backward (backend=\"simt\"): what head "
+                             "dims without a tensor-core backward ran")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -144,9 +147,10 @@ def main(argv=None):
           f"B*S={args.tokens}; TFLOPS (ms)")
     names = [n for n in ["hopper", "sm80", "fa2", "cudnn"] if n not in args.skip]
     names += ["hopper_det"] if args.deterministic else []
+    names += ["simt"] if args.simt else []
     names += [name for name, _, _ in args.variant]
     print(f"{'D':>4} {'causal':>6} {'S':>6} {'B':>3} | " +
-          " | ".join(f"{n:>16}" for n in names) + " | hopper/FA2 hopper/cuDNN" +
+          " | ".join(f"{n:>16}" for n in names) + " | hopper/FA2 hopper/cuDNN ours/cuDNN" +
           "".join(f" {n + '/FA2':>12}" for n, _, _ in args.variant))
     rows = []
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -167,6 +171,8 @@ def main(argv=None):
                          "cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION, causal), False, None)}
                 if args.deterministic:
                     impls["hopper_det"] = (samattn_backend("hopper", causal), True, None)
+                if args.simt:
+                    impls["simt"] = (samattn_backend("simt", causal), False, None)
                 for name, setting, dims in args.variant:
                     if dims is None or head_dim in dims:
                         impls[name] = (samattn_backend("hopper", causal), False, setting)
@@ -216,17 +222,21 @@ def main(argv=None):
                                       else float("nan"))
                 cells = " | ".join(f"{row[n + '_tflops']:>7.1f} ({row[n + '_ms']:>6.2f})"
                                    for n in names)
-                ratio_fa2 = row["fa2_ms"] / row["hopper_ms"]
-                ratio_cudnn = row["cudnn_ms"] / row["hopper_ms"]
+                hopper_ms = row.get("hopper_ms", float("nan"))  # nan: skipped or unavailable
+                ratio_fa2 = row["fa2_ms"] / hopper_ms
+                ratio_cudnn = row["cudnn_ms"] / hopper_ms
                 row["hopper_over_fa2"] = ratio_fa2
                 row["hopper_over_cudnn"] = ratio_cudnn
+                row["ours_over_fa2"] = row["fa2_ms"] / row["ours_ms"]
+                row["ours_over_cudnn"] = row["cudnn_ms"] / row["ours_ms"]
                 variant_ratios = ""
                 for name, _, _ in args.variant:
                     row[name + "_over_fa2"] = row["fa2_ms"] / row[name + "_ms"]
-                    row["hopper_over_" + name] = row[name + "_ms"] / row["hopper_ms"]
+                    row["hopper_over_" + name] = row[name + "_ms"] / hopper_ms
                     variant_ratios += f" {row[name + '_over_fa2']:>12.2f}"
                 print(f"{head_dim:>4} {str(causal):>6} {seqlen:>6} {batch:>3} | {cells} | "
-                      f"{ratio_fa2:>10.2f} {ratio_cudnn:>11.2f}{variant_ratios}", flush=True)
+                      f"{ratio_fa2:>10.2f} {ratio_cudnn:>11.2f} {row['ours_over_cudnn']:>10.2f}"
+                      f"{variant_ratios}", flush=True)
                 rows.append(row)
                 del q, k, v, dout, reference
     for row in rows:

@@ -422,7 +422,8 @@ TEST(BackwardGpuRuns, RerunsAreBitIdentical) {
 
 // ---------------------------------------------------------------------------------------------
 // The tensor-core backward (fp16/bf16, sm80+) against the reference, with atomic and
-// deterministic dQ. Head dims 32, 64, 96 and 128 (q and v equal), every forward option.
+// deterministic dQ. Head dims 32, 64, 96, 128, 192 and 256 (q and v equal; the last two in two
+// passes, BackwardConfig::kTwoPasses), every forward option.
 
 const Scenario kTensorCoreScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
@@ -445,6 +446,11 @@ const Scenario kTensorCoreScenarios[] = {
     {"negative_scale", {1, 2, 2, 30, 40, 64, 64}, true, 1, false, -0.2},
     {"no_keys", {1, 2, 2, 10, 0, 64, 64}},
     {"no_queries", {1, 2, 1, 0, 10, 64, 64}},
+    {"causal_gqa_2to1_256", {1, 4, 2, 130, 150, 256, 256}, true},
+    {"dense_192", {2, 2, 2, 77, 129, 192, 192}},
+    {"kv_stride2_causal_256", {1, 2, 2, 100, 200, 256, 256}, true, 2},
+    {"seq_major_causal_192", {1, 4, 2, 77, 77, 192, 192}, true, 1, true},
+    {"single_key_256", {1, 2, 2, 20, 1, 256, 256}},
 };
 
 struct TensorCoreCase {
@@ -555,7 +561,7 @@ TEST(BackwardTensorCoreWorkspace, HoldsTheDqAccumulator) {
 TEST(BackwardTensorCoreRuns, DeterministicRerunsAreBitIdentical) {
   SKIP_WITHOUT_TENSOR_CORES();
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t head_dim : {64, 128}) {
+    for (int64_t head_dim : {64, 128, 256}) {
       BackwardProblem pb({2, 8, 2, 300, 333, head_dim, head_dim}, dtype, /*causal=*/true);
       pb.params.forward.backend = Backend::kTensorCore;
       pb.params.deterministic = true;
@@ -564,7 +570,7 @@ TEST(BackwardTensorCoreRuns, DeterministicRerunsAreBitIdentical) {
   }
 }
 
-// kAuto picks tensor cores where they apply and SIMT elsewhere (head dim 40, 256), correctly;
+// kAuto picks tensor cores where they apply and SIMT elsewhere (head dim 40), correctly;
 // kTensorCore on a call it cannot run is an error that says why, raised before any launch.
 TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
   SKIP_WITHOUT_TENSOR_CORES();

@@ -20,6 +20,7 @@
 
 #include "attention/fixed_pattern.h"
 #include "attention/hopper/forward_launch.h"
+#include "attention/tensor_core/backward_config.h"
 #include "backward_rounding_model.h"
 #include "reference/reference_mask.h"
 #include "test_support.h"
@@ -415,9 +416,10 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
   }
   AttentionBackwardParams db = hb;
   db.forward = dev.params;
-  // The tensor-core backward has head dims 32-128; wider heads take SIMT, whose error is within
-  // the same rule.
-  db.forward.backend = c.shape.head_dim <= 128 ? Backend::kTensorCore : Backend::kAuto;
+  // The tensor-core backward has head dims 32, 64, 96, 128, 192 and 256; others take SIMT, whose
+  // error is within the same rule.
+  db.forward.backend =
+      tensor_core::is_backward_head_dim(c.shape.head_dim) ? Backend::kTensorCore : Backend::kAuto;
   db.deterministic = c.deterministic;
   db.forward.out = d_out.get();
   db.forward.lse = d_lse.get();

@@ -313,16 +313,20 @@ def test_gpu_backward_reruns_are_bit_identical(dtype):
         assert torch.equal(a, b)
 
 
-# The tensor-core backward (fp16/bf16, head dims 32/64/96/128, sm80+): every GPU scenario it
+# The tensor-core backward (fp16/bf16, head dims 32/64/96/128/192/256, sm80+): every GPU scenario it
 # supports, through autograd (samattn.attention(..., backend="tensor_core") then .backward),
 # with atomic dq and under torch.use_deterministic_algorithms, against the fp64 reference.
 TENSOR_CORE_SCENARIOS = [name for name, sc in GPU_SCENARIOS.items()
-                         if sc["shape"][5] == sc["shape"][6] and sc["shape"][5] in (32, 64, 96, 128)]
+                         if sc["shape"][5] == sc["shape"][6]
+                         and sc["shape"][5] in (32, 64, 96, 128, 192, 256)]
 TENSOR_CORE_SCENARIOS_EXTRA = {
     "causal_128_gqa_4to1": dict(shape=(1, 8, 2, 200, 200, 128, 128), causal=True),
     "strided4_causal_128": dict(shape=(1, 2, 2, 150, 150, 128, 128), kv_stride=4, causal=True),
     "mqa_96": dict(shape=(1, 6, 1, 77, 129, 96, 96)),
     "s77_32": dict(shape=(2, 2, 2, 77, 77, 32, 32), causal=True),
+    "gqa_2to1_causal_192": dict(shape=(1, 4, 2, 130, 150, 192, 192), causal=True),
+    "strided2_256": dict(shape=(1, 2, 2, 100, 200, 256, 256), kv_stride=2),
+    "bshd_causal_256": dict(shape=(2, 4, 2, 65, 70, 256, 256), causal=True, layout="bshd"),
 }
 GPU_SCENARIOS.update(TENSOR_CORE_SCENARIOS_EXTRA)
 TENSOR_CORE_SCENARIOS += list(TENSOR_CORE_SCENARIOS_EXTRA)
@@ -414,7 +418,7 @@ def test_gpu_tensor_core_autograd_matches_reference(name, dtype, deterministic):
 @requires_cuda
 @requires_sm80
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_gpu_tensor_core_deterministic_autograd_is_bit_identical(dtype, head_dim):
     q, k, v = (t.requires_grad_() for t in make_qkv(2, 8, 2, 333, 333, head_dim, dtype=dtype,
                                                     device="cuda", seed=5))
@@ -518,13 +522,13 @@ def test_gpu_hopper_autograd_matches_reference(name, dtype, deterministic):
 @requires_hopper_backward
 def test_gpu_auto_backward_picks_hopper_and_forced_hopper_names_the_reason():
     """backend="auto" takes the Hopper backward at head dims 64 and 128 on sm90, the sm80 one at
-    96, SIMT at 256 (the forward there is Hopper's); backend="hopper" where the backward cannot
+    96 and 256 (the forward there is Hopper's); backend="hopper" where the backward cannot
     run raises, naming the reason."""
     def pick(head_dim, **kwargs):
         q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16, device="cuda")
         return samattn.selected_backend(q, q, q, backward=True, **kwargs)
     assert pick(64) == "hopper" and pick(128) == "hopper"
-    assert pick(96) == "tensor_core" and pick(256) == "simt"
+    assert pick(96) == "tensor_core" and pick(256) == "tensor_core"
     assert pick(128, backend="tensor_core") == "tensor_core"
     assert pick(128, backend="simt") == "simt"
     with pytest.raises(ValueError, match="head_dim 96"):

@@ -9,9 +9,9 @@
 namespace samattn::tensor_core {
 
 // Head dims with a backward instantiation. Each warp keeps dK and dV of its 16 keys in registers
-// (2 * head_dim / 4 floats per lane), so 192 and 256 would not fit next to S and dP without
-// spilling; they run on SIMT.
-inline constexpr int kBackwardHeadDims[] = {32, 64, 96, 128};
+// (head_dim / 2 floats a lane each); above 128 both would not fit next to S^T and dP^T, so
+// the dK/dV kernel walks its steps twice (BackwardConfig::kTwoPasses).
+inline constexpr int kBackwardHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 constexpr bool is_backward_head_dim(int64_t head_dim) {
   for (int d : kBackwardHeadDims) {
@@ -63,6 +63,12 @@ struct BackwardConfig : BackwardConfigBase {
   // Queries of one S^T / dP^T pass of the dK/dV kernel: above head dim 64, dK and dV take 96+
   // registers, so S^T and dP^T are computed for half the step's queries at a time.
   static constexpr int kSubQueries = kHeadDim <= 64 ? kBlockM : kBlockM / 2;
+  // Above head dim 128 the dK/dV kernel runs twice (BackwardPass): a first launch accumulates dV
+  // (S^T, P^T, dV += P^T dO: head_dim / 2 floats a lane), a second dK and dQ (S^T again, dP^T,
+  // dS^T, dK += dS^T Q, dQ): 6 products a step instead of 5, and K, Q and dO read twice, but one
+  // gradient in registers at a time (128 floats a lane each at head dim 256, where both would
+  // not fit in 255 registers next to S^T and dP^T).
+  static constexpr bool kTwoPasses = kHeadDim > 128;
 
   static_assert(kHeadDim % 32 == 0, "tile loads give each thread whole 16-byte chunks");
   static_assert((kRowStride * 2 / 16) % 2 == 1, "row pitch must be odd in 16 B");

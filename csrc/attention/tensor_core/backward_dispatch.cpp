@@ -79,6 +79,10 @@ void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t 
       return launch_backward<kDType, 96>(params, stream);
     case 128:
       return launch_backward<kDType, 128>(params, stream);
+    case 192:
+      return launch_backward<kDType, 192>(params, stream);
+    case 256:
+      return launch_backward<kDType, 256>(params, stream);
   }
   SAMATTN_CHECK(false, "backend tensor_core does not support the backward with head_dim ",
                 params.fwd.head_dim, " (supported: ", detail::comma_list(kBackwardHeadDims), ")");

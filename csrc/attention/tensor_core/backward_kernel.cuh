@@ -142,9 +142,15 @@ __device__ __forceinline__ void accumulate_dq(const BackwardSmem<Element, kHeadD
   }
 }
 
-template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked>
+// What a launch of the dK/dV kernel computes: every gradient, or (BackwardConfig::kTwoPasses)
+// dV in a first launch and dK and dQ in a second.
+enum class BackwardPass { kAll, kDv, kDkDq };
+
+template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked, BackwardPass kPass>
 __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p) {
   using Cfg = BackwardConfig<kHeadDim>;
+  constexpr bool kDv = kPass != BackwardPass::kDkDq;
+  constexpr bool kDk = kPass != BackwardPass::kDv;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kThreads = Cfg::kThreads;
@@ -182,7 +188,10 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
                      h_kv * f.v_head_stride + seq.k_row0 * (f.v_row_stride / f.kv_stride) +
                      n_begin * f.v_row_stride;
   load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.k, k, f.k_row_stride, keys);
-  load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.v, v, f.v_row_stride, keys);
+  // The dV pass needs no V (no dP^T): its tile stages dV at the end.
+  if constexpr (kDk) {
+    load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.v, v, f.v_row_stride, keys);
+  }
   cp_async_commit();
 
   const int thread = static_cast<int>(threadIdx.x);
@@ -382,7 +391,10 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
           pt[0][t][e] = fast_exp2(x);
         }
       }
-      warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dv, pt, do_trans + sub * kStride);
+      if constexpr (kDv) {
+        warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dv, pt, do_trans + sub * kStride);
+      }
+      if constexpr (!kDk) continue;  // the dV pass: no dP^T, dS^T or dK
 
       float dst[1][kSubTiles][4];  // dP^T, then dS^T
       warp_qk<Element, 1, kSubTiles, kKSteps, kStride>(dst, v_a, do_b + sub_bytes);
@@ -414,7 +426,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
     // mask tile: the next step's copies overlap the dQ atomics.
     __syncthreads();
     if (next < steps) load_step(next);
-    if constexpr (kAtomicDq) {
+    if constexpr (kAtomicDq && kDk) {
       accumulate_dq<Element, kHeadDim>(smem, dq_accum + stats_row(h, m_begin) * kHeadDim,
                                        f.lse_row_stride, rows, warp, lane);
     }
@@ -439,9 +451,13 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
         for (int t = 0; t < kDTiles; ++t) {
           float2* dk_acc = reinterpret_cast<float2*>(p.dk_accum + row + t * 8);
           float2* dv_acc = reinterpret_cast<float2*>(p.dv_accum + row + t * 8);
-          const float2 dk_old = *dk_acc, dv_old = *dv_acc;
-          *dk_acc = make_float2(dk_old.x + dk[0][t][2 * half], dk_old.y + dk[0][t][2 * half + 1]);
-          *dv_acc = make_float2(dv_old.x + dv[0][t][2 * half], dv_old.y + dv[0][t][2 * half + 1]);
+          const float2 dk_old = kDk ? *dk_acc : float2{}, dv_old = kDv ? *dv_acc : float2{};
+          if constexpr (kDk) {
+            *dk_acc = make_float2(dk_old.x + dk[0][t][2 * half], dk_old.y + dk[0][t][2 * half + 1]);
+          }
+          if constexpr (kDv) {
+            *dv_acc = make_float2(dv_old.x + dv[0][t][2 * half], dv_old.y + dv[0][t][2 * half + 1]);
+          }
         }
       }
       return;
@@ -454,11 +470,15 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
                     seq.k_row0 * p.dk_row_stride + (n_begin + 16 * warp) * dk_row;
   Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride +
                     seq.k_row0 * p.dv_row_stride + (n_begin + 16 * warp) * dv_row;
-  store_warp_tile<Element, kHeadDim, kStride>(dk, static_cast<float>(p.scale),
-                                              smem.k + 16 * warp * kStride, dk_out, dk_row,
-                                              warp_keys, lane);
-  store_warp_tile<Element, kHeadDim, kStride>(dv, 1.f, smem.v + 16 * warp * kStride, dv_out, dv_row,
-                                              warp_keys, lane);
+  if constexpr (kDk) {
+    store_warp_tile<Element, kHeadDim, kStride>(dk, static_cast<float>(p.scale),
+                                                smem.k + 16 * warp * kStride, dk_out, dk_row,
+                                                warp_keys, lane);
+  }
+  if constexpr (kDv) {
+    store_warp_tile<Element, kHeadDim, kStride>(dv, 1.f, smem.v + 16 * warp * kStride, dv_out,
+                                                dv_row, warp_keys, lane);
+  }
 
   // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients (the
   // tensor-core path takes varlen with kv_stride 1 only).
@@ -474,8 +494,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
       const int64_t row = first_row + i / kHeadDim;
       const int64_t col = i % kHeadDim;
       if (row % f.kv_stride != 0) {
-        dk_head[row * p.dk_row_stride + col] = zero_value;
-        dv_head[row * p.dv_row_stride + col] = zero_value;
+        if constexpr (kDk) dk_head[row * p.dk_row_stride + col] = zero_value;
+        if constexpr (kDv) dv_head[row * p.dv_row_stride + col] = zero_value;
       }
     }
   }
@@ -681,11 +701,11 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
 
 // The kernel bodies exist only for sm80+ (cp.async, bf16 mma); the host never launches them on
 // older devices, and an sm75 build traps instead of silently writing nothing.
-template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked>
+template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked, BackwardPass kPass>
 __global__ void __launch_bounds__(BackwardConfigBase::kThreads, BackwardConfigBase::kMinBlocksPerSm)
     backward_dkdv_kernel(const __grid_constant__ detail::BackwardKernelParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  dkdv_block<Element, kHeadDim, kAtomicDq, kMasked>(p);
+  dkdv_block<Element, kHeadDim, kAtomicDq, kMasked, kPass>(p);
 #else
   __trap();
 #endif
