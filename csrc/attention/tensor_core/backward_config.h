@@ -9,8 +9,8 @@
 namespace samattn::tensor_core {
 
 // Head dims with a backward instantiation. Each warp keeps dK and dV of its 16 keys in registers
-// (head_dim / 2 floats a lane each); above 128 both would not fit next to S^T and dP^T, so
-// the dK/dV kernel walks its steps twice (BackwardConfig::kTwoPasses).
+// (head_dim / 2 floats a lane each); above 128 both would not fit next to S^T and dP^T, so two
+// warps share each 16 keys there (BackwardConfig::kColumnSplit).
 inline constexpr int kBackwardHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 constexpr bool is_backward_head_dim(int64_t head_dim) {
@@ -63,12 +63,15 @@ struct BackwardConfig : BackwardConfigBase {
   // Queries of one S^T / dP^T pass of the dK/dV kernel: above head dim 64, dK and dV take 96+
   // registers, so S^T and dP^T are computed for half the step's queries at a time.
   static constexpr int kSubQueries = kHeadDim <= 64 ? kBlockM : kBlockM / 2;
-  // Above head dim 128 the dK/dV kernel runs twice (BackwardPass): a first launch accumulates dV
-  // (S^T, P^T, dV += P^T dO: head_dim / 2 floats a lane), a second dK and dQ (S^T again, dP^T,
-  // dS^T, dK += dS^T Q, dQ): 6 products a step instead of 5, and K, Q and dO read twice, but one
-  // gradient in registers at a time (128 floats a lane each at head dim 256, where both would
-  // not fit in 255 registers next to S^T and dP^T).
-  static constexpr bool kTwoPasses = kHeadDim > 128;
+  // Above head dim 128 the dK/dV kernel runs 8 warps in two groups of 4 that split the head dim:
+  // warps w and w + 4 own the same 16 keys and compute the same S^T, P^T, dP^T and dS^T, and each
+  // keeps dK and dV of its half of the columns (head_dim / 4 floats a lane each; both whole would
+  // take head_dim / 2 each, 256 registers at head dim 256) and adds its half of dQ. S^T and dP^T
+  // are computed twice: 7 products a step's worth instead of 5.
+  static constexpr int kColumnSplit = kHeadDim > 128 ? 2 : 1;
+  static constexpr int kDkdvWarps = kWarps * kColumnSplit;
+  static constexpr int kDkdvThreads = 32 * kDkdvWarps;
+  static constexpr int kDkdvMinBlocksPerSm = kColumnSplit == 1 ? kMinBlocksPerSm : 1;
 
   static_assert(kHeadDim % 32 == 0, "tile loads give each thread whole 16-byte chunks");
   static_assert((kRowStride * 2 / 16) % 2 == 1, "row pitch must be odd in 16 B");

@@ -85,16 +85,17 @@ __device__ __forceinline__ void store_warp_tile(const float (&acc)[1][kHeadDim /
 }
 
 // dQ_accum[rows of the warp] += dS K for the step, with dS^T in smem.ds ([key][query]) and K in
-// smem.k. Each warp owns query rows [16 * warp, 16 * warp + 16) of the step; query row i of the
-// step is accumulator row dq_rows + i * row_stride (in head_dim units).
-template <typename Element, int kHeadDim>
+// smem.k. Each warp owns query rows [16 * warp, 16 * warp + 16) of the step and the kColumns
+// columns from first_col (all of them, or its half under BackwardConfig::kColumnSplit); query
+// row i of the step is accumulator row dq_rows + i * row_stride (in head_dim units).
+template <typename Element, int kHeadDim, int kColumns>
 __device__ __forceinline__ void accumulate_dq(const BackwardSmem<Element, kHeadDim>& smem,
                                               float* dq_rows, int64_t row_stride, int rows,
-                                              int warp, int lane) {
+                                              int warp, int first_col, int lane) {
   using Cfg = BackwardConfig<kHeadDim>;
   constexpr int kKeySteps = Cfg::kBlockN / 16;
   constexpr int kChunk = 4;  // 8-column tiles per pass: 16 accumulators live at a time
-  static_assert(Cfg::kDTiles % kChunk == 0, "head dim is a multiple of 32");
+  static_assert(kColumns % (8 * kChunk) == 0, "whole chunks of columns");
   // A = dS (queries x keys) read transposed from the [key][query] tile: matrices (keys 0-7 |
   // 8-15) x (queries 0-7 | 8-15) in the order a0 (q 0-7, k 0-7), a1 (q 8-15, k 0-7), a2, a3.
   const uint32_t ds_lane =
@@ -105,11 +106,12 @@ __device__ __forceinline__ void accumulate_dq(const BackwardSmem<Element, kHeadD
     ldmatrix_x4_trans(a[kk], ds_lane + kk * 16 * Cfg::kDsStride * int(sizeof(Element)));
   }
   // B = K (keys x dims) read transposed, as V in the forward's P V.
-  const uint32_t k_lane = shared_address(smem.k + v_lane_offset<Element, Cfg::kRowStride>(lane));
+  const uint32_t k_lane =
+      shared_address(smem.k + v_lane_offset<Element, Cfg::kRowStride>(lane) + first_col);
   const int row0 = 16 * warp + lane / 4;
-  const int col0 = 2 * (lane % 4);
+  const int col0 = first_col + 2 * (lane % 4);
 #pragma unroll
-  for (int c = 0; c < Cfg::kDTiles; c += kChunk) {
+  for (int c = 0; c < kColumns / 8; c += kChunk) {
     float acc[kChunk][4];
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
@@ -142,22 +144,18 @@ __device__ __forceinline__ void accumulate_dq(const BackwardSmem<Element, kHeadD
   }
 }
 
-// What a launch of the dK/dV kernel computes: every gradient, or (BackwardConfig::kTwoPasses)
-// dV in a first launch and dK and dQ in a second.
-enum class BackwardPass { kAll, kDv, kDkDq };
-
-template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked, BackwardPass kPass>
+template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked>
 __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p) {
   using Cfg = BackwardConfig<kHeadDim>;
-  constexpr bool kDv = kPass != BackwardPass::kDkDq;
-  constexpr bool kDk = kPass != BackwardPass::kDv;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kThreads = Cfg::kDkdvThreads;
+  constexpr int kSplit = Cfg::kColumnSplit;
+  constexpr int kOwnColumns = kHeadDim / kSplit;  // the dK, dV and dQ columns a warp adds
   constexpr int kStride = Cfg::kRowStride;
   constexpr int kSubQueries = Cfg::kSubQueries;
   constexpr int kSubTiles = kSubQueries / 8;
-  constexpr int kDTiles = Cfg::kDTiles;
+  constexpr int kDTiles = kOwnColumns / 8;
   constexpr int kKSteps = Cfg::kKSteps;
   constexpr int kPitch = Cfg::kMaskPitch;
   const detail::ForwardKernelParams& f = p.fwd;
@@ -188,14 +186,13 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
                      h_kv * f.v_head_stride + seq.k_row0 * (f.v_row_stride / f.kv_stride) +
                      n_begin * f.v_row_stride;
   load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.k, k, f.k_row_stride, keys);
-  // The dV pass needs no V (no dP^T): its tile stages dV at the end.
-  if constexpr (kDk) {
-    load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.v, v, f.v_row_stride, keys);
-  }
+  load_tile_async<kBlockN, kHeadDim, kStride, kThreads>(smem.v, v, f.v_row_stride, keys);
   cp_async_commit();
 
   const int thread = static_cast<int>(threadIdx.x);
-  const int warp = thread / 32;
+  // The warp's 16 keys (and 16 query rows of dQ) and its columns of dK, dV and dQ.
+  const int warp = kSplit == 1 ? thread / 32 : thread / 32 % Cfg::kWarps;
+  const int first_col = kSplit == 1 ? 0 : thread / 32 / Cfg::kWarps * kOwnColumns;
   const int lane = thread % 32;
   const int col0 = 2 * (lane % 4);
   // A operands: the warp's 16 keys of K and V. B operands: Q and dO rows (queries as columns).
@@ -206,8 +203,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
   const uint32_t q_b = shared_address(smem.q + k_lane_offset<Element, kStride>(lane));
   const uint32_t do_b = shared_address(smem.dout + k_lane_offset<Element, kStride>(lane));
   // B operands of dV += P^T dO and dK += dS^T Q: dO and Q with queries as the k index.
-  const Element* do_trans = smem.dout + v_lane_offset<Element, kStride>(lane);
-  const Element* q_trans = smem.q + v_lane_offset<Element, kStride>(lane);
+  const Element* do_trans = smem.dout + v_lane_offset<Element, kStride>(lane) + first_col;
+  const Element* q_trans = smem.q + v_lane_offset<Element, kStride>(lane) + first_col;
 
   // The lane's keys (rows g and g + 8 of the warp's 16), for the mask.
   int64_t lane_key[2];
@@ -391,10 +388,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
           pt[0][t][e] = fast_exp2(x);
         }
       }
-      if constexpr (kDv) {
-        warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dv, pt, do_trans + sub * kStride);
-      }
-      if constexpr (!kDk) continue;  // the dV pass: no dP^T, dS^T or dK
+      warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dv, pt, do_trans + sub * kStride);
 
       float dst[1][kSubTiles][4];  // dP^T, then dS^T
       warp_qk<Element, 1, kSubTiles, kKSteps, kStride>(dst, v_a, do_b + sub_bytes);
@@ -408,7 +402,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
       }
       warp_pv<Element, 1, kSubTiles, kDTiles, kStride>(dk, dst, q_trans + sub * kStride);
 
-      if constexpr (kAtomicDq) {
+      if (kAtomicDq && first_col == 0) {  // the warps of the other columns hold the same dS^T
         // dS^T rows of the warp's keys into the [key][query] tile: a lane writes 32-bit
         // pairs; with a 36-word row pitch the 8 rows g land 4 banks apart (32 banks a warp).
 #pragma unroll
@@ -426,9 +420,10 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
     // mask tile: the next step's copies overlap the dQ atomics.
     __syncthreads();
     if (next < steps) load_step(next);
-    if constexpr (kAtomicDq && kDk) {
-      accumulate_dq<Element, kHeadDim>(smem, dq_accum + stats_row(h, m_begin) * kHeadDim,
-                                       f.lse_row_stride, rows, warp, lane);
+    if constexpr (kAtomicDq) {
+      accumulate_dq<Element, kHeadDim, kOwnColumns>(smem,
+                                                    dq_accum + stats_row(h, m_begin) * kHeadDim,
+                                                    f.lse_row_stride, rows, warp, first_col, lane);
     }
     step = next;
     work = next_work;
@@ -446,39 +441,32 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
       for (int half = 0; half < 2; ++half) {
         const int key = 16 * warp + 8 * half + lane / 4;
         if (key >= keys) continue;
-        const int64_t row = acc0 + (n_begin + key) * p.acc_row_stride + col0;
+        const int64_t row = acc0 + (n_begin + key) * p.acc_row_stride + first_col + col0;
 #pragma unroll
         for (int t = 0; t < kDTiles; ++t) {
           float2* dk_acc = reinterpret_cast<float2*>(p.dk_accum + row + t * 8);
           float2* dv_acc = reinterpret_cast<float2*>(p.dv_accum + row + t * 8);
-          const float2 dk_old = kDk ? *dk_acc : float2{}, dv_old = kDv ? *dv_acc : float2{};
-          if constexpr (kDk) {
-            *dk_acc = make_float2(dk_old.x + dk[0][t][2 * half], dk_old.y + dk[0][t][2 * half + 1]);
-          }
-          if constexpr (kDv) {
-            *dv_acc = make_float2(dv_old.x + dv[0][t][2 * half], dv_old.y + dv[0][t][2 * half + 1]);
-          }
+          const float2 dk_old = *dk_acc, dv_old = *dv_acc;
+          *dk_acc = make_float2(dk_old.x + dk[0][t][2 * half], dk_old.y + dk[0][t][2 * half + 1]);
+          *dv_acc = make_float2(dv_old.x + dv[0][t][2 * half], dv_old.y + dv[0][t][2 * half + 1]);
         }
       }
       return;
     }
   }
-  // dK (times the softmax scale) and dV of the warp's keys, staged in its own rows of K and V.
+  // dK (times the softmax scale) and dV of the warp's keys and columns, staged in its own rows
+  // and columns of K and V.
   const int64_t dk_row = p.dk_row_stride * f.kv_stride;  // logical key n is physical row n * s
   const int64_t dv_row = p.dv_row_stride * f.kv_stride;
   Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride +
-                    seq.k_row0 * p.dk_row_stride + (n_begin + 16 * warp) * dk_row;
+                    seq.k_row0 * p.dk_row_stride + (n_begin + 16 * warp) * dk_row + first_col;
   Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride +
-                    seq.k_row0 * p.dv_row_stride + (n_begin + 16 * warp) * dv_row;
-  if constexpr (kDk) {
-    store_warp_tile<Element, kHeadDim, kStride>(dk, static_cast<float>(p.scale),
-                                                smem.k + 16 * warp * kStride, dk_out, dk_row,
-                                                warp_keys, lane);
-  }
-  if constexpr (kDv) {
-    store_warp_tile<Element, kHeadDim, kStride>(dv, 1.f, smem.v + 16 * warp * kStride, dv_out,
-                                                dv_row, warp_keys, lane);
-  }
+                    seq.k_row0 * p.dv_row_stride + (n_begin + 16 * warp) * dv_row + first_col;
+  store_warp_tile<Element, kOwnColumns, kStride>(dk, static_cast<float>(p.scale),
+                                                 smem.k + 16 * warp * kStride + first_col, dk_out,
+                                                 dk_row, warp_keys, lane);
+  store_warp_tile<Element, kOwnColumns, kStride>(dv, 1.f, smem.v + 16 * warp * kStride + first_col,
+                                                 dv_out, dv_row, warp_keys, lane);
 
   // Physical rows between the block's kept keys (j % kv_stride != 0) get zero gradients (the
   // tensor-core path takes varlen with kv_stride 1 only).
@@ -494,8 +482,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
       const int64_t row = first_row + i / kHeadDim;
       const int64_t col = i % kHeadDim;
       if (row % f.kv_stride != 0) {
-        if constexpr (kDk) dk_head[row * p.dk_row_stride + col] = zero_value;
-        if constexpr (kDv) dv_head[row * p.dv_row_stride + col] = zero_value;
+        dk_head[row * p.dk_row_stride + col] = zero_value;
+        dv_head[row * p.dv_row_stride + col] = zero_value;
       }
     }
   }
@@ -701,11 +689,12 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
 
 // The kernel bodies exist only for sm80+ (cp.async, bf16 mma); the host never launches them on
 // older devices, and an sm75 build traps instead of silently writing nothing.
-template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked, BackwardPass kPass>
-__global__ void __launch_bounds__(BackwardConfigBase::kThreads, BackwardConfigBase::kMinBlocksPerSm)
+template <typename Element, int kHeadDim, bool kAtomicDq, bool kMasked>
+__global__ void __launch_bounds__(BackwardConfig<kHeadDim>::kDkdvThreads,
+                                  BackwardConfig<kHeadDim>::kDkdvMinBlocksPerSm)
     backward_dkdv_kernel(const __grid_constant__ detail::BackwardKernelParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  dkdv_block<Element, kHeadDim, kAtomicDq, kMasked, kPass>(p);
+  dkdv_block<Element, kHeadDim, kAtomicDq, kMasked>(p);
 #else
   __trap();
 #endif

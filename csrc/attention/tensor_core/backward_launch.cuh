@@ -89,21 +89,15 @@ void launch_backward(const detail::BackwardKernelParams& params, cudaStream_t st
     SAMATTN_CHECK(blocks <= std::numeric_limits<int>::max(), "batch * heads_kv * ceil(kept keys / ",
                   Cfg::kBlockN, ") = ", blocks, " exceeds the grid limit of ",
                   std::numeric_limits<int>::max(), " blocks");
+    const auto kernel = masked
+                            ? (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, true>
+                                         : backward_dkdv_kernel<Element, kHeadDim, false, true>)
+                            : (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, false>
+                                         : backward_dkdv_kernel<Element, kHeadDim, false, false>);
     // Beyond 48 KiB a block must opt in; backward_supports() has checked the device's limit.
-    const auto launch = [&](auto kernel) {
-      allow_backward_smem(reinterpret_cast<const void*>(kernel), smem.bytes, smem.with_tile);
-      kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, smem.bytes, stream>>>(params);
-      SAMATTN_CHECK_LAUNCH();
-    };
-    constexpr BackwardPass kDkPass = Cfg::kTwoPasses ? BackwardPass::kDkDq : BackwardPass::kAll;
-    if constexpr (Cfg::kTwoPasses) {
-      launch(masked ? backward_dkdv_kernel<Element, kHeadDim, false, true, BackwardPass::kDv>
-                    : backward_dkdv_kernel<Element, kHeadDim, false, false, BackwardPass::kDv>);
-    }
-    launch(masked ? (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, true, kDkPass>
-                               : backward_dkdv_kernel<Element, kHeadDim, false, true, kDkPass>)
-                  : (atomic_dq ? backward_dkdv_kernel<Element, kHeadDim, true, false, kDkPass>
-                               : backward_dkdv_kernel<Element, kHeadDim, false, false, kDkPass>));
+    allow_backward_smem(reinterpret_cast<const void*>(kernel), smem.bytes, smem.with_tile);
+    kernel<<<static_cast<unsigned>(blocks), Cfg::kDkdvThreads, smem.bytes, stream>>>(params);
+    SAMATTN_CHECK_LAUNCH();
   }
   if (params.dk_accum != nullptr && !params.skip_convert) {
     const int64_t elements = f.batch * params.heads_kv * params.seqlen_k * kHeadDim;
