@@ -7,7 +7,9 @@
 //   S^T = K Q^T, P^T = exp2(S^T * scale * log2 e - lse * log2 e), dV += P^T dO,
 //   dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q
 // with keys as the mma rows, so P^T and dS^T feed the next mma as A fragments straight from the
-// accumulators. dK and dV are summed over the group's heads in the block: no atomics.
+// accumulators. dK and dV are summed over the group's heads in the block: no atomics. Above head
+// dim 128 two warps own each 16 keys, each with half of dK's, dV's and dQ's columns
+// (BackwardConfig::kColumnSplit).
 // dQ, non-deterministic mode: the block writes dS to shared memory and every warp adds
 // dS K for 16 query rows into an fp32 workspace with atomicAdd; a small kernel scales and
 // rounds it into dq. Deterministic mode: a second kernel per (batch, head, 64 queries)
