@@ -422,8 +422,8 @@ TEST(BackwardGpuRuns, RerunsAreBitIdentical) {
 
 // ---------------------------------------------------------------------------------------------
 // The tensor-core backward (fp16/bf16, sm80+) against the reference, with atomic and
-// deterministic dQ. Head dims 32, 64, 96, 128, 192 and 256 (q and v equal; the last two in two
-// passes, BackwardConfig::kTwoPasses), every forward option.
+// deterministic dQ. Head dims 32, 64, 96, 128, 192 and 256 (q and v equal; the last two with
+// BackwardConfig::kColumnSplit's 8 warps), every forward option.
 
 const Scenario kTensorCoreScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
