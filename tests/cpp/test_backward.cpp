@@ -596,9 +596,10 @@ TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64 and 128) against the
-// reference with the tensor-core rule (it rounds P and dS exactly where the sm80 kernels do),
-// with atomic and deterministic dQ; against the sm80 backward; and its dispatch.
+// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64, 128 and 256, the last with
+// the consumer warpgroups splitting the columns) against the reference with the tensor-core rule
+// (it rounds P and dS exactly where the sm80 kernels do), with atomic and deterministic dQ; against
+// the sm80 backward; and its dispatch.
 
 const Scenario kHopperScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
@@ -624,6 +625,13 @@ const Scenario kHopperScenarios[] = {
     {"negative_scale_128", {1, 2, 2, 30, 40, 128, 128}, true, 1, false, -0.2},
     {"no_keys", {1, 2, 2, 10, 0, 64, 64}},
     {"no_queries", {1, 2, 1, 0, 10, 128, 128}},
+    {"dense_256", {2, 3, 3, 77, 129, 256, 256}},
+    {"causal_gqa_2to1_256", {1, 4, 2, 130, 140, 256, 256}, true},
+    {"kv_stride3_causal_256", {1, 2, 2, 200, 200, 256, 256}, true, 3},
+    {"seq_major_causal_sq_gt_sk_256", {1, 2, 2, 100, 61, 256, 256}, true, 1, true},
+    {"sq129_sk300_causal_256", {1, 2, 2, 129, 300, 256, 256}, true},
+    {"single_key_256", {1, 2, 2, 20, 1, 256, 256}},
+    {"no_keys_256", {1, 2, 2, 10, 0, 256, 256}},
 };
 
 std::vector<TensorCoreCase> all_hopper_cases() {
@@ -703,6 +711,7 @@ TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
       {"cross_dense_128", {2, 4, 2, 300, 500, 128, 128}},
       {"cross_causal_64", {1, 4, 4, 513, 513, 64, 64}, true},
       {"cross_strided_gqa_128", {1, 8, 2, 200, 333, 128, 128}, true, 2},
+      {"cross_causal_gqa_256", {1, 4, 2, 200, 333, 256, 256}, true},
   };
   for (const Scenario& sc : list) {
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
@@ -746,7 +755,7 @@ TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
 TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t head_dim : {64, 128}) {
+    for (int64_t head_dim : {64, 128, 256}) {
       BackwardProblem pb({2, 8, 2, 300, 333, head_dim, head_dim}, dtype, /*causal=*/true);
       pb.params.forward.backend = Backend::kHopper;
       pb.params.deterministic = true;
@@ -808,6 +817,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
     }
     expect_variant_error(DType::kFloat16, 64);
     expect_variant_error(DType::kFloat16, 128);
+    expect_variant_error(DType::kBFloat16, 256);  // the column split has one schedule
   }
 }
 
@@ -815,7 +825,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
 // (backward_config.h's chunk layout): the workspace leaves room for it after D's floats.
 TEST(BackwardHopperRuns, WorkspaceHoldsPaddedDqBlocks) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     BackwardProblem pb({2, 3, 3, 65, 70, d, d}, DType::kBFloat16);
     const size_t delta = (2 * 3 * 65 * sizeof(float) + 255) / 256 * 256;
     const size_t dq = 2 * 3 * hopper::backward_dq_accum_rows(65, d) * d * sizeof(float);

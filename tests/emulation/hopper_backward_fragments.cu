@@ -7,6 +7,8 @@
 //  - each consumer warpgroup owns keys [64 w, 64 w + 64) of S^T and dK/dV; the warpgroup that
 //    computes a step's dQ owns all of it (the split variant: warpgroup w owns the rows
 //    [64 w, 64 w + 64) (128-row steps) or the columns [w D / 2, (w + 1) D / 2) (64-row steps));
+//    the column split (head dim 256): each warpgroup computes all of S^T (its thread t as thread
+//    t of a one-warpgroup tile) and owns columns [w D / 2, (w + 1) D / 2) of dK/dV and dQ;
 //  - where the kernel stages a dQ value (Traits::dq_chunk_float) is backward_config.h's chunk
 //    layout (dq_chunk_offset below) of the value's (row, column), and backward_dq_slot_position
 //    (what the conversion kernel reads back with) inverts it, each quad of slots covering 8
@@ -69,13 +71,15 @@ int check() {
   std::set<int> staging_seen[2];  // per warpgroup of the dQ thread
   for (int tid = 0; tid < 256; ++tid) {
     const int warpgroup = tid / 128;
-    auto thr_sdp = mma_sdp.get_thread_slice(tid);
+    auto thr_sdp = mma_sdp.get_thread_slice(T::kColumnSplit ? tid % 128 : tid);
     Tensor c = thr_sdp.partition_C(make_identity_tensor(sdp_tile));
     Tensor stores = thr_sdp.partition_C(sdSt);
     for (int i = 0; i < size(c); ++i) {
       const int key = get<0>(c(i)), query = get<1>(c(i));
       sdp_seen.insert(key * T::kBlockM + query);
-      if (key / 64 != warpgroup) report("S^T row outside the warpgroup's keys", tid, i);
+      if (!T::kColumnSplit && key / 64 != warpgroup) {
+        report("S^T row outside the warpgroup's keys", tid, i);
+      }
       if (get<0>(c((i / 2) % 2 == 0 ? 0 : 2)) != key) report("row-half rule", tid, i);
       if (i % 2 == 1 && (get<0>(c(i - 1)) != key || get<1>(c(i - 1)) != query - 1)) {
         report("S^T pair not adjacent", tid, i);
@@ -106,12 +110,21 @@ int check() {
           report("staged dQ order != chunk offset", tid, i);
         }
         chunk_seen.insert(staged);
-        // The staging tile holds only the fragments of the thread's warpgroup, each value once.
+        // The staging tile holds only the fragments of the thread's warpgroup, each value once
+        // (the column split has none: it adds dQ from registers at dq_chunk_float).
         const int in_staging = T::dq_staging_float(tid, i);
-        if (in_staging < 0 || in_staging >= T::kDqStagingFloats ||
-            !staging_seen[tid / 128].insert(in_staging).second ||
-            in_staging % samattn::hopper::kDqFragmentFloats !=
-                staged % samattn::hopper::kDqFragmentFloats) {
+        if (T::kColumnSplit) {
+          if (staged / samattn::hopper::kDqFragmentFloats / T::kDqFragmentsPerThread != warpgroup) {
+            report("dQ value outside the warpgroup's fragments", tid, i);
+          }
+          if (i % 4 == 0 && staged % 4 != 0) report("dQ quad not 16-byte aligned", tid, i);
+          if (i % 4 != 0 && staged != T::dq_chunk_float(tid, i - 1) + 1) {
+            report("dQ quad not contiguous", tid, i);
+          }
+        } else if (in_staging < 0 || in_staging >= T::kDqStagingFloats ||
+                   !staging_seen[tid / 128].insert(in_staging).second ||
+                   in_staging % samattn::hopper::kDqFragmentFloats !=
+                       staged % samattn::hopper::kDqFragmentFloats) {
           report("staged dQ outside its warpgroup's tile or twice", tid, i);
         }
         if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
@@ -123,7 +136,8 @@ int check() {
     for (int i = 0; i < size(ck); ++i) {
       const int row = get<0>(ck(i)), col = get<1>(ck(i));
       dkv_seen.insert(row * kHeadDim + col);
-      if (row / 64 != warpgroup) report("dK/dV row outside the warpgroup's keys", tid, i);
+      const int owner = T::kColumnSplit ? col / (kHeadDim / 2) : row / 64;
+      if (owner != warpgroup) report("dK/dV element outside the warpgroup's part", tid, i);
       if (get<0>(ck((i / 2) % 2 == 0 ? 0 : 2)) != row) report("dK/dV row-half rule", tid, i);
       if (i % 2 == 1 && (get<0>(ck(i - 1)) != row || get<1>(ck(i - 1)) != col - 1)) {
         report("dK/dV pair not adjacent", tid, i);
@@ -155,7 +169,10 @@ int check() {
   if (int(dkv_seen.size()) != T::kBlockN * kHeadDim) report("dK/dV coverage", -1, -1);
   printf("%s D=%d M=%d %s: %d problems, shared memory %d bytes\n",
          cute::is_same_v<Element, cutlass::half_t> ? "fp16" : "bf16", kHeadDim, kBlockM,
-         kAlternateDq ? "alternating dQ" : "split dQ", bad, T::kSmemBytes);
+         T::kColumnSplit ? "column split"
+         : kAlternateDq  ? "alternating dQ"
+                         : "split dQ",
+         bad, T::kSmemBytes);
   return bad;
 }
 
@@ -166,8 +183,10 @@ int main() {
   const int bad = check<cutlass::bfloat16_t, 64, true>() + check<cutlass::bfloat16_t, 64, false>() +
                   check<cutlass::bfloat16_t, 128, true>() +
                   check<cutlass::bfloat16_t, 128, false>() +
+                  check<cutlass::bfloat16_t, 256, false>() +
                   check<cutlass::half_t, 64, backward_alternates_dq(64)>() +
-                  check<cutlass::half_t, 128, backward_alternates_dq(128)>();
+                  check<cutlass::half_t, 128, backward_alternates_dq(128)>() +
+                  check<cutlass::half_t, 256, backward_alternates_dq(256)>();
   printf("%s\n", bad == 0 ? "OK" : "FAIL");
   return bad == 0 ? 0 : 1;
 }

@@ -6,9 +6,8 @@
 
 namespace samattn::hopper {
 
-// Head dims with a backward instantiation (fp16 and bf16; q and v share it). At 256 the dK and
-// dV accumulators of 64 keys alone would take 256 registers per consumer thread.
-inline constexpr int kBackwardHeadDims[] = {64, 128};
+// Head dims with a backward instantiation (fp16 and bf16; q and v share it).
+inline constexpr int kBackwardHeadDims[] = {64, 128, 256};
 
 constexpr bool is_backward_head_dim(int64_t head_dim) {
   for (int d : kBackwardHeadDims) {
@@ -24,6 +23,19 @@ constexpr bool is_backward_head_dim(int64_t head_dim) {
 // where dK and dV alone take 128 registers.
 constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
 
+// Above head dim 128 the dK and dV of a warpgroup's 64 keys would take 256 registers a thread (at
+// 256). Both consumer warpgroups then own the same 64 keys: each computes the whole S^T and dP^T
+// and keeps half of dK's, dV's and dQ's columns (7/5 of the tensor work of a step; the sm80
+// backward's kColumnSplit does the same, benchmarks/NOTES.md stop 45). Head dim 192 would split
+// into 96 columns, not whole 64-column swizzle atoms of the MN-major dO^T, Q^T and K^T operands:
+// it is not instantiated.
+constexpr bool backward_splits_columns(int64_t head_dim) { return head_dim > 128; }
+
+// Keys of a block: 64 per consumer warpgroup, or 64 shared by both when they split the columns.
+constexpr int backward_block_n(int64_t head_dim) {
+  return backward_splits_columns(head_dim) ? 64 : 128;
+}
+
 // Who computes a step's dQ = dS K (it needs both consumer warpgroups' halves of dS): at head
 // dim 64 the warpgroups take turns, one computing the whole of it while the other runs ahead
 // into its next step (1.02-1.06x the split below, H200, benchmarks/NOTES.md stop 24); at 128
@@ -35,24 +47,28 @@ constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64;
 // step, so the two can run up to a step apart and one's softmax overlaps the other's GEMMs (with
 // a barrier on the current step's dS both ran their softmax at the same time and the tensor
 // cores idled). The dS ring then needs four buffers (backward_kernel.cuh, "Ordering").
-constexpr bool backward_defers_dq(bool alternates_dq, int64_t block_m) {
-  return !alternates_dq && block_m == 64;
+constexpr bool backward_defers_dq(int64_t head_dim, bool alternates_dq) {
+  return !alternates_dq && backward_block_m(head_dim) == 64 && !backward_splits_columns(head_dim);
 }
-constexpr int backward_ds_buffers(bool defers_dq) { return defers_dq ? 4 : 2; }
+// The column split: two per consumer warpgroup, each of which stores its own copy of the dS^T
+// both computed, so that neither ever waits for the other.
+constexpr int backward_ds_buffers(int64_t head_dim, bool defers_dq) {
+  return defers_dq || backward_splits_columns(head_dim) ? 4 : 2;
+}
 
 // A tuning build (-DSAMATTN_HOPPER_TUNING=ON, benchmarks) also builds, for bf16, the schedule a
 // head dim does not use by default; the environment variable SAMATTN_HOPPER_BWD_VARIANT selects
 // one explicitly, to measure both side by side in one process.
 enum class BackwardVariant { kDefault, kSplitDq, kAlternateDq };
 
-// One block = (batch, kv head, kBlockN = 128 keys): a producer warpgroup (one thread issues the
-// TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of the keys
-// (the wgmma M of one warpgroup) for the whole kernel. The block walks the query blocks of
-// backward_block_m(head_dim) rows of every query head of its group through a kStages-deep ring
-// of Q / dO tiles; dS goes through shared memory (backward_ds_buffers) for dQ = dS K.
+// One block = (batch, kv head, backward_block_n(head_dim) keys): a producer warpgroup (one thread
+// issues the TMA copies, one warp stages lse and D) and two consumer warpgroups, each owning 64 of
+// the keys (the wgmma M of one warpgroup; both the same 64 when they split the columns) for the
+// whole kernel. The block walks the query blocks of backward_block_m(head_dim) rows of every query
+// head of its group through a kStages-deep ring of Q / dO tiles; dS goes through shared memory
+// (backward_ds_buffers) for dQ = dS K.
 struct BackwardConfig {
-  static constexpr int kBlockN = 128;  // keys per block
-  static constexpr int kStages = 2;    // Q / dO / lse / D pipeline depth
+  static constexpr int kStages = 2;  // Q / dO / lse / D pipeline depth
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -98,24 +114,28 @@ constexpr DqSlotPosition backward_dq_slot_position(int64_t head_dim, int slot) {
                                           : DqSlotPosition{r, fragment * kDqFragmentCols + c};
 }
 
-// Floats of a consumer warpgroup's dQ staging tile: the fragments it computes in one step.
-constexpr int backward_dq_staging_floats(bool alternates_dq) {
-  return (alternates_dq ? 2 : 1) * kDqFragmentFloats;
+// Floats of a consumer warpgroup's dQ staging tile: the fragments it computes in one step. The
+// column split adds dQ from registers with 16-byte atomics in the chunk's order: a staging tile
+// would not fit beside K, V and two stages of Q and dO.
+constexpr int backward_dq_staging_floats(int64_t head_dim, bool alternates_dq) {
+  return backward_splits_columns(head_dim) ? 0 : (alternates_dq ? 2 : 1) * kDqFragmentFloats;
 }
 
 // K and V tiles, kStages x (Q and dO tiles), the dS buffers, a dQ staging tile per consumer
 // warpgroup, lse and D per stage, barriers, for the head dim's default schedule (checked against
 // each instantiation's SharedStorage by a static_assert in backward_kernel.cuh; the other
-// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128.
+// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128 and 256.
 constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
   using C = BackwardConfig;
   const int64_t block_m = backward_block_m(head_dim);
+  const int64_t block_n = backward_block_n(head_dim);
   const bool alternates = backward_alternates_dq(head_dim);
-  const int64_t ds_buffers = backward_ds_buffers(backward_defers_dq(alternates, block_m));
-  const int64_t tiles = 2 * C::kBlockN * head_dim + 2 * C::kStages * block_m * head_dim +
-                        ds_buffers * block_m * C::kBlockN;
+  const int64_t ds_buffers =
+      backward_ds_buffers(head_dim, backward_defers_dq(head_dim, alternates));
+  const int64_t tiles =
+      2 * block_n * head_dim + 2 * C::kStages * block_m * head_dim + ds_buffers * block_m * block_n;
   const int64_t dq_staging =
-      int64_t{C::kConsumerWarpgroups} * backward_dq_staging_floats(alternates) * 4;
+      int64_t{C::kConsumerWarpgroups} * backward_dq_staging_floats(head_dim, alternates) * 4;
   const int64_t stats = 2 * C::kStages * block_m * 4;
   return static_cast<int>(tiles * element_bytes + dq_staging + stats) + C::kBarrierBytes;
 }

@@ -127,6 +127,9 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
 #endif
   SAMATTN_CHECK(dtype == DType::kBFloat16, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " is built for bfloat16 only; got ", dtype_name(dtype), " head_dim ", head_dim);
+  SAMATTN_CHECK(!backward_splits_columns(head_dim), "SAMATTN_HOPPER_BWD_VARIANT=", text,
+                " has no kernel at head_dim ", head_dim,
+                ": the column split (head dims above 128) has one dQ schedule");
   return text == "split_dq" ? BackwardVariant::kSplitDq : BackwardVariant::kAlternateDq;
 }
 
@@ -141,6 +144,8 @@ void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t 
       return launch_backward<kDType, 64>(params, variant, stream);
     case 128:
       return launch_backward<kDType, 128>(params, variant, stream);
+    case 256:
+      return launch_backward<kDType, 256>(params, variant, stream);
   }
   SAMATTN_CHECK(false, "backend hopper does not support the backward with head_dim ",
                 params.fwd.head_dim, " (supported: ", detail::comma_list(kBackwardHeadDims), ")");

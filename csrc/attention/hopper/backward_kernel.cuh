@@ -4,7 +4,8 @@
 // backward_dq_convert.cuh's kernel (or, deterministic, dQ comes from the tensor-core backward's
 // atomic-free dQ kernel and this kernel computes only dK and dV).
 //
-// One block owns kBlockN = 128 keys of one (batch, kv head) with three warpgroups:
+// One block owns kBlockN = 128 keys of one (batch, kv head) with three warpgroups (above head dim
+// 128, 64 keys shared by both consumers: backward_column_split.cuh):
 //  - warpgroup 0, the producer, gives most of its registers away (setmaxnreg). One thread issues
 //    the TMA copies: K and V of the block once, then Q and dO tiles of each step into a
 //    kStages-deep ring of shared-memory stages. One warp stages the step's lse (times log2 e)
@@ -80,7 +81,6 @@
 #include <cstdint>
 
 #include <cutlass/arch/barrier.h>
-#include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
 #include <cute/tensor.hpp>
@@ -119,18 +119,23 @@ struct Traits {
   using Cfg = BackwardConfig;
   static constexpr int kBlockM = backward_block_m(kHeadDim);
   static constexpr bool kAlternateDq = kAlternateDq_;
-  static constexpr int kBlockN = Cfg::kBlockN;
+  // Both consumer warpgroups on the same keys, each with half the columns (backward_config.h);
+  // consume_column_split runs it.
+  static constexpr bool kColumnSplit = backward_splits_columns(kHeadDim);
+  static_assert(!kColumnSplit || !kAlternateDq, "the column split computes dQ in both halves");
+  static constexpr int kBlockN = backward_block_n(kHeadDim);
   static constexpr int kStages = Cfg::kStages;
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
   using HeadDim = cute::Int<kHeadDim>;
   using Stages = cute::Int<kStages>;
   // The split schedule at 64 query rows issues each step's dQ one step late (backward_config.h).
-  static constexpr bool kDeferDq = backward_defers_dq(kAlternateDq, kBlockM);
-  static constexpr int kDsBuffers = backward_ds_buffers(kDeferDq);
+  static constexpr bool kDeferDq = backward_defers_dq(kHeadDim, kAlternateDq);
+  static constexpr int kDsBuffers = backward_ds_buffers(kHeadDim, kDeferDq);
   using DsBuffers = cute::Int<kDsBuffers>;
-  static constexpr int kDqStagingFloats = backward_dq_staging_floats(kAlternateDq);
-  static_assert(kBlockN == 64 * Cfg::kConsumerWarpgroups, "a consumer warpgroup owns 64 keys");
+  static constexpr int kDqStagingFloats = backward_dq_staging_floats(kHeadDim, kAlternateDq);
+  static_assert(kBlockN == 64 * (kColumnSplit ? 1 : Cfg::kConsumerWarpgroups),
+                "a consumer warpgroup owns 64 keys");
   static_assert(kBlockM == 64 || kBlockM == 128, "dQ is split by rows (128) or columns (64)");
   // The warpgroups computing one step's dQ, and their split of it: the split schedule divides it
   // over both, by 64-row halves when there are 128 query rows, else by column halves.
@@ -140,23 +145,35 @@ struct Traits {
   static_assert(kHeadDim % (16 * kDqWarpgroupsN) == 0, "dQ's column split is whole wgmma tiles");
   using DqWarpgroupN = cute::Int<kHeadDim / kDqWarpgroupsN>;
   // 64 x 64 fragments (backward_config.h) of the step's dQ per thread of a dQ warpgroup.
-  static constexpr int kDqFragmentsPerThread = 2 / kDqWarpgroups;
-  static_assert(kBlockM * kHeadDim == 2 * kDqFragmentFloats, "a step's dQ is two fragments");
+  static constexpr int kDqFragments = kBlockM * kHeadDim / kDqFragmentFloats;
+  static constexpr int kDqFragmentsPerThread = kDqFragments / kDqWarpgroups;
+  static_assert(kDqFragments * kDqFragmentFloats == kBlockM * kHeadDim &&
+                    kDqFragments == (kColumnSplit ? 4 : 2),
+                "a step's dQ is whole fragments: two, or four in the column split");
 
   // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products; dQ = dS K
-  // splits as kDqWarpgroupsM x kDqWarpgroupsN.
+  // splits as kDqWarpgroupsM x kDqWarpgroupsN. The column split: each warpgroup computes the
+  // whole S^T and dP^T (a one-warpgroup tile) and the warpgroups lie along N (columns) for dK and
+  // dV, as for dQ.
   using AlongM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
+  using AlongN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  using OneWarpgroup = cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>;
+  using SdpWarpgroups = cute::conditional_t<kColumnSplit, OneWarpgroup, AlongM>;
+  using DkvWarpgroups = cute::conditional_t<kColumnSplit, AlongN, AlongM>;
+  // Columns of dK and dV per warpgroup.
+  using DkvN = cute::Int<kHeadDim / (kColumnSplit ? Cfg::kConsumerWarpgroups : 1)>;
   using DqSplit =
       cute::Layout<cute::Shape<cute::Int<kDqWarpgroupsM>, cute::Int<kDqWarpgroupsN>, cute::_1>>;
 
   // Where value i of a dQ thread's fragment lies in the block's chunk (backward_config.h), in
   // floats; dq_thread is the thread's index in the dQ warpgroups (0..127 when one warpgroup
-  // computes dQ, 0..255 for the split). Values 32 f .. 32 f + 31 are 64 x 64 fragment f (of the
-  // thread's warpgroup in the split), in fragment order: value 4j + e of lane l at float4 slot
-  // j * 32 + l of the warp's kDqWarpSlots.
+  // computes dQ, 0..255 for the split). Values 32 f .. 32 f + 31 are the thread's warpgroup's
+  // 64 x 64 fragment f (the split: of the warpgroup's own fragments), in fragment order: value
+  // 4j + e of lane l at float4 slot j * 32 + l of the warp's kDqWarpSlots.
   static constexpr int64_t dq_chunk_float(int dq_thread, int i) {
     constexpr int kPerFragment = kDqFragmentFloats / 128;
-    const int fragment = kAlternateDq ? i / kPerFragment : dq_thread / 128;
+    const int own_first = kAlternateDq ? 0 : dq_thread / 128 * kDqFragmentsPerThread;
+    const int fragment = own_first + i / kPerFragment;
     const int warp = dq_thread % 128 / 32, lane = dq_thread % 32, j = i % kPerFragment / 4;
     return int64_t{fragment} * kDqFragmentFloats + (warp * kDqWarpSlots + j * 32 + lane) * 4 +
            i % 4;
@@ -164,20 +181,21 @@ struct Traits {
   // The same value's place in the thread's warpgroup's staging tile, which holds only the
   // fragments that warpgroup computes (both, or in the split schedule its own).
   static constexpr int dq_staging_float(int dq_thread, int i) {
-    const int64_t own_fragments = kAlternateDq ? 0 : dq_thread / 128 * kDqFragmentFloats;
+    const int64_t own_fragments =
+        kAlternateDq ? 0 : dq_thread / 128 * kDqFragmentsPerThread * kDqFragmentFloats;
     return static_cast<int>(dq_chunk_float(dq_thread, i) - own_fragments);
   }
   // S^T = K Q^T and dP^T = V dO^T: (key, query), contraction over the head dim (K-major both).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, BlockM, HeadDim>>(),
-      AlongM{}));
+      SdpWarpgroups{}));
   // dV += P^T dO and dK += dS^T Q: (key, dim), contraction over the step's queries; A from
   // registers, B = dO^T / Q^T seen as (dim, query) with dim contiguous: MN-major.
   using TiledMmaDKV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlockM>,
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, DkvN, BlockM>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-      AlongM{}));
+      DkvWarpgroups{}));
   // dQ = dS K: (query, dim), contraction over the block's keys. A = dS stored query-contiguous,
   // B = K^T seen as (dim, key) with dim contiguous: both MN-major, both from shared memory. One
   // warpgroup tiles the 128 query rows at head_dim 64 with two 64-row atoms.
@@ -245,17 +263,18 @@ struct Traits {
   using TmaQ = Tma<decltype(cute::take<0, 2>(SmemLayoutQ{})), cute::Shape<BlockM, HeadDim>>;
   using TmaKV = Tma<SmemLayoutKV, cute::Shape<BlockN, HeadDim>>;
 
-  // Each consumer warp stages its 16 key rows of dV, then of dK, in the same rows of V's tile (a
-  // warpgroup's own 64 rows of V are read only by its own dP^T GEMMs, all done by then) and
+  // Each consumer warp stages its 16 key rows of dV, then of dK (the column split: of its
+  // warpgroup's columns), in the same place of V's tile (a warpgroup's own 64 rows of V are read
+  // only by its own dP^T GEMMs, all done by then; the column split's warpgroups meet first) and
   // stores them by TMA. Rows 16 j .. 16 j + 15 of the tile have the layout of rows 0 .. 15 (the
   // swizzle atoms stack along the rows first, and 16 rows are whole 1024-byte swizzle periods),
-  // so one descriptor serves every warp.
+  // and so have columns D / 2 .. D - 1 that of 0 .. D / 2 - 1 (whole atom columns), so one
+  // descriptor serves every warp.
   using StoreRows = cute::_16;
+  using StoreTile = cute::Shape<StoreRows, DkvN>;
   using SmemLayoutStore = decltype(cute::composition(
-      SmemLayoutKV{},
-      cute::make_layout(cute::Shape<StoreRows, HeadDim>{}, cute::Stride<cute::_1, BlockN>{})));
-  using TmaStore =
-      TmaCopy<cute::SM90_TMA_STORE, Element, SmemLayoutStore, cute::Shape<StoreRows, HeadDim>>;
+      SmemLayoutKV{}, cute::make_layout(StoreTile{}, cute::Stride<cute::_1, BlockN>{})));
+  using TmaStore = TmaCopy<cute::SM90_TMA_STORE, Element, SmemLayoutStore, StoreTile>;
 };
 
 template <typename T>
@@ -272,7 +291,7 @@ struct KernelParams {
 };
 
 // The block's work: its keys and the steps (query head, query block of kBlockM rows) that see them.
-template <int kBlockM>
+template <int kBlockM, int kBlockN>
 struct BlockWork {
   int64_t b, h_kv, n_begin;
   int64_t m_first;   // first query block of each head (causal: the first that sees key n_begin)
@@ -281,7 +300,6 @@ struct BlockWork {
 
   __device__ __forceinline__ BlockWork(const detail::BackwardKernelParams& p) {
     const detail::ForwardKernelParams& f = p.fwd;
-    constexpr int kBlockN = BackwardConfig::kBlockN;
     // Blocks of one (batch, kv head) are adjacent and start with key block 0, which under causal
     // masking sees the most queries, so the longest blocks start first.
     const int64_t n_blocks = (f.kept_keys + kBlockN - 1) / kBlockN;
@@ -317,7 +335,7 @@ struct BlockWork {
 template <typename T>
 __device__ __forceinline__ void load_tiles(const KernelParams<T>& params,
                                            typename T::SharedStorage& shared,
-                                           const BlockWork<T::kBlockM>& work) {
+                                           const BlockWork<T::kBlockM, T::kBlockN>& work) {
   using namespace cute;
   using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
   if (work.steps == 0) return;  // no query sees these keys: nothing to load (dK = dV = 0)
@@ -371,7 +389,8 @@ __device__ __forceinline__ void load_tiles(const KernelParams<T>& params,
 template <typename T>
 __device__ __forceinline__ void load_row_statistics(const detail::BackwardKernelParams& p,
                                                     typename T::SharedStorage& shared,
-                                                    const BlockWork<T::kBlockM>& work, int lane) {
+                                                    const BlockWork<T::kBlockM, T::kBlockN>& work,
+                                                    int lane) {
   const detail::ForwardKernelParams& f = p.fwd;
   const float* lse_all = static_cast<const float*>(f.lse);
   const float* delta_all = static_cast<const float*>(p.delta);
@@ -437,20 +456,30 @@ __device__ __forceinline__ void reduce_staged_dq(float* chunk, const float* stag
 // engine skips them; logical key n is physical row n * kv_stride through the descriptors' row
 // stride.
 template <typename T, typename SmemTensor, typename Mma, typename Accumulator>
-__device__ __forceinline__ void store_gradients_by_tma(const KernelParams<T>& params,
-                                                       const SmemTensor& sV, const Mma& mma_dkv,
-                                                       const Accumulator& dk, const Accumulator& dv,
-                                                       float dk_scale,
-                                                       const BlockWork<T::kBlockM>& work, int tid) {
+__device__ __forceinline__ void store_gradients_by_tma(
+    const KernelParams<T>& params, const SmemTensor& sV, const Mma& mma_dkv, const Accumulator& dk,
+    const Accumulator& dv, float dk_scale, const BlockWork<T::kBlockM, T::kBlockN>& work, int tid) {
   using namespace cute;
   using Element = typename T::Element;
-  using RowsTile = Shape<typename T::StoreRows, typename T::HeadDim>;
+  using RowsTile = typename T::StoreTile;
   auto stage_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thread_stage = stage_copy.get_thread_slice(tid);
   Tensor staged = thread_stage.partition_D(sV);
-  const int warp = tid / 32;  // consumer warp w holds key rows 16 w .. 16 w + 15 of the block
+  // Consumer warp w holds key rows 16 w .. 16 w + 15 of the block; the column split's warp w holds
+  // rows 16 (w % 4) .. of its warpgroup's half of the columns.
+  constexpr int kRowTiles = T::kBlockN / T::StoreRows::value;
+  const int warp = tid / 32;
+  const int row_tile = T::kColumnSplit ? warp % kRowTiles : warp;
+  // The warp's tile at row tile `row` (column tile 0 a constant where the columns are not split).
+  const auto tile_at = [&](auto row) {
+    if constexpr (T::kColumnSplit) {
+      return make_coord(row, warp / kRowTiles);
+    } else {
+      return make_coord(row, _0{});
+    }
+  };
   const bool issues = tid % 32 == 0;
-  Tensor warp_rows = local_tile(sV, RowsTile{}, make_coord(warp, _0{}));
+  Tensor warp_rows = local_tile(sV, RowsTile{}, tile_at(row_tile));
   auto store = [&](const auto& tma, const Accumulator& values, float scale) {
     Tensor rounded = make_tensor_like<Element>(values);
     convert_pairs<Element>(values, rounded, scale);
@@ -460,7 +489,7 @@ __device__ __forceinline__ void store_gradients_by_tma(const KernelParams<T>& pa
     if (issues) {
       Tensor gradient = tma.get_tma_tensor(params.shape_k);
       Tensor rows = local_tile(gradient(_, _, work.h_kv, work.b), RowsTile{},
-                               make_coord(work.n_begin / T::StoreRows::value + warp, _0{}));
+                               tile_at(work.n_begin / T::StoreRows::value + row_tile));
       auto parts = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(warp_rows),
                                  group_modes<0, 2>(rows));
       copy(tma, get<1>(parts), get<0>(parts));
@@ -473,15 +502,47 @@ __device__ __forceinline__ void store_gradients_by_tma(const KernelParams<T>& pa
   store(params.store_dk, dk, dk_scale);
 }
 
+// Physical rows between the block's kept keys (row % kv_stride != 0) get zero gradients. Warp
+// v of the consumers takes the rows after kept keys v, v + 8, ..., its lanes a row's pairs: no
+// division per element (a 64-bit remainder by kv_stride per pair cost more than the rest of the
+// block's end).
+template <typename T>
+__device__ __forceinline__ void zero_rows_between_kept_keys(
+    const detail::BackwardKernelParams& p, const BlockWork<T::kBlockM, T::kBlockN>& work, int tid,
+    int lane) {
+  using Element = typename T::Element;
+  const detail::ForwardKernelParams& f = p.fwd;
+  if (f.kv_stride <= 1) return;
+  const int64_t first_row = work.n_begin * f.kv_stride;
+  const int64_t end_row = min((work.n_begin + T::kBlockN) * f.kv_stride, p.seqlen_k);
+  Element* dk_head =
+      static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride + work.h_kv * p.dk_head_stride;
+  Element* dv_head =
+      static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride + work.h_kv * p.dv_head_stride;
+  constexpr int kPairs = T::kHeadDim / 2;
+  constexpr int kWarps = BackwardConfig::kConsumerThreads / 32;
+  for (int64_t key_row = first_row + tid / 32 * f.kv_stride; key_row < end_row;
+       key_row += kWarps * f.kv_stride) {
+    const int64_t gap_end = min(key_row + f.kv_stride, end_row);
+    for (int64_t row = key_row + 1; row < gap_end; ++row) {
+      uint32_t* dk_pairs = reinterpret_cast<uint32_t*>(dk_head + row * p.dk_row_stride);
+      uint32_t* dv_pairs = reinterpret_cast<uint32_t*>(dv_head + row * p.dv_row_stride);
+      for (int pair = lane; pair < kPairs; pair += 32) {
+        dk_pairs[pair] = 0u;
+        dv_pairs[pair] = 0u;
+      }
+    }
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                         typename T::SharedStorage& shared,
-                                        const BlockWork<T::kBlockM>& work) {
+                                        const BlockWork<T::kBlockM, T::kBlockN>& work) {
   using namespace cute;
   using Element = typename T::Element;
   constexpr int kHeadDim = T::kHeadDim;
   constexpr int kBlockM = T::kBlockM;
-  constexpr int kBlockN = T::kBlockN;
   const detail::BackwardKernelParams& p = params.p;
   const detail::ForwardKernelParams& f = p.fwd;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255 over the consumer warpgroups
@@ -757,74 +818,7 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     }
     if (accumulate_dq && issues_dq) bulk_wait_all();
   }
-  // Physical rows between the block's kept keys (row % kv_stride != 0) get zero gradients. Warp
-  // v of the consumers takes the rows after kept keys v, v + 8, ..., its lanes a row's pairs:
-  // no division per element (a 64-bit remainder by kv_stride per pair cost more than the rest
-  // of the block's end).
-  if (f.kv_stride > 1) {
-    const int64_t first_row = work.n_begin * f.kv_stride;
-    const int64_t end_row = min((work.n_begin + kBlockN) * f.kv_stride, p.seqlen_k);
-    Element* dk_head =
-        static_cast<Element*>(p.dk) + work.b * p.dk_batch_stride + work.h_kv * p.dk_head_stride;
-    Element* dv_head =
-        static_cast<Element*>(p.dv) + work.b * p.dv_batch_stride + work.h_kv * p.dv_head_stride;
-    constexpr int kPairs = kHeadDim / 2;
-    constexpr int kWarps = BackwardConfig::kConsumerThreads / 32;
-    for (int64_t key_row = first_row + tid / 32 * f.kv_stride; key_row < end_row;
-         key_row += kWarps * f.kv_stride) {
-      const int64_t gap_end = min(key_row + f.kv_stride, end_row);
-      for (int64_t row = key_row + 1; row < gap_end; ++row) {
-        uint32_t* dk_pairs = reinterpret_cast<uint32_t*>(dk_head + row * p.dk_row_stride);
-        uint32_t* dv_pairs = reinterpret_cast<uint32_t*>(dv_head + row * p.dv_row_stride);
-        for (int pair = lane; pair < kPairs; pair += 32) {
-          dk_pairs[pair] = 0u;
-          dv_pairs[pair] = 0u;
-        }
-      }
-    }
-  }
-}
-
-// __launch_bounds__(threads, 1) caps registers at entry so setmaxnreg can move them from the
-// producer warpgroup to the consumers.
-template <typename T>
-__global__ void __launch_bounds__(BackwardConfig::kThreads, 1)
-    backward_kernel(const __grid_constant__ KernelParams<T> params) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) unsigned char shared_bytes[];
-  auto& shared = *reinterpret_cast<typename T::SharedStorage*>(shared_bytes);
-  const BlockWork<T::kBlockM> work(params.p);
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (threadIdx.x == 0) {
-    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_dout.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-    shared.barrier_kv.init(1);
-    for (int s = 0; s < T::kStages; ++s) {
-      // The TMA thread's arrive (with the byte count) and the statistics warp's 32 arrivals.
-      shared.full[s].init(1 + BackwardConfig::kStatsThreads);
-      shared.empty[s].init(BackwardConfig::kConsumerThreads);
-    }
-  }
-  cutlass::arch::fence_barrier_init();
-  __syncthreads();
-
-  if (warp < 4) {
-    cutlass::arch::warpgroup_reg_dealloc<24>();
-    if (warp == 0 && lane == 0) {
-      load_tiles<T>(params, shared, work);
-    } else if (warp == 1) {
-      load_row_statistics<T>(params.p, shared, work, lane);
-    }
-  } else {
-    cutlass::arch::warpgroup_reg_alloc<240>();
-    consume<T>(params, shared, work);
-  }
-#else
-  __trap();  // compiled for sm_90a only; the host never launches it elsewhere
-#endif
+  zero_rows_between_kept_keys<T>(p, work, tid, lane);
 }
 
 }  // namespace samattn::hopper::bwd

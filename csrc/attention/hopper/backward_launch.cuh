@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "attention/hopper/backward_dq_convert.cuh"
-#include "attention/hopper/backward_kernel.cuh"
+#include "attention/hopper/backward_entry.cuh"
 #include "attention/hopper/backward_launch.h"
 #include "attention/tensor_core/backward_launch.h"
 #include "common/check.h"
@@ -85,7 +85,7 @@ void launch_backward_kernel(const detail::BackwardKernelParams& p, cudaStream_t 
   const auto q_smem = take<0, 2>(typename T::SmemLayoutQ{});
   const auto q_tile = Shape<typename T::BlockM, typename T::HeadDim>{};
   const auto kv_tile = Shape<typename T::BlockN, typename T::HeadDim>{};
-  const auto store_rows = Shape<typename T::StoreRows, typename T::HeadDim>{};
+  const auto store_rows = typename T::StoreTile{};
   const KernelParams<T> params{
       p,
       q.shape(),
@@ -116,13 +116,13 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
   // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused them anywhere
   // else.
 #ifdef SAMATTN_HOPPER_TUNING
-  constexpr bool kVariantBuilt = kDType == DType::kBFloat16;
+  constexpr bool kVariantBuilt = kDType == DType::kBFloat16 && !backward_splits_columns(kHeadDim);
 #else
   constexpr bool kVariantBuilt = false;
 #endif
   SAMATTN_CHECK(kVariantBuilt || variant == BackwardVariant::kDefault,
-                "the Hopper backward variants are built for bfloat16 only, with "
-                "-DSAMATTN_HOPPER_TUNING=ON");
+                "the Hopper backward variants are built for bfloat16 at head dims 64 and 128 "
+                "only, with -DSAMATTN_HOPPER_TUNING=ON");
   SAMATTN_CHECK(!p.skip_zero && !p.skip_convert,
                 "the Hopper backward zeroes and converts its own dQ accumulator (skip_zero and "
                 "skip_convert are for the tensor-core backward's strided parts)");
