@@ -596,10 +596,10 @@ TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64, 128 and 256, the last with
-// the consumer warpgroups splitting the columns) against the reference with the tensor-core rule
-// (it rounds P and dS exactly where the sm80 kernels do), with atomic and deterministic dQ; against
-// the sm80 backward; and its dispatch.
+// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64, 128, 192 and 256, the last two
+// with the consumer warpgroups splitting the columns) against the reference with the tensor-core
+// rule (it rounds P and dS exactly where the sm80 kernels do), with atomic and deterministic dQ;
+// against the sm80 backward; and its dispatch.
 
 const Scenario kHopperScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
@@ -632,6 +632,10 @@ const Scenario kHopperScenarios[] = {
     {"sq129_sk300_causal_256", {1, 2, 2, 129, 300, 256, 256}, true},
     {"single_key_256", {1, 2, 2, 20, 1, 256, 256}},
     {"no_keys_256", {1, 2, 2, 10, 0, 256, 256}},
+    {"dense_192", {2, 3, 3, 77, 129, 192, 192}},
+    {"kv_stride2_gqa_causal_192", {1, 4, 2, 150, 150, 192, 192}, true, 2},
+    {"seq_major_192", {2, 2, 2, 50, 61, 192, 192}, false, 1, true},
+    {"single_query_192", {2, 2, 2, 1, 100, 192, 192}},
 };
 
 std::vector<TensorCoreCase> all_hopper_cases() {
@@ -712,6 +716,7 @@ TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
       {"cross_causal_64", {1, 4, 4, 513, 513, 64, 64}, true},
       {"cross_strided_gqa_128", {1, 8, 2, 200, 333, 128, 128}, true, 2},
       {"cross_causal_gqa_256", {1, 4, 2, 200, 333, 256, 256}, true},
+      {"cross_dense_192", {1, 4, 4, 300, 257, 192, 192}},
   };
   for (const Scenario& sc : list) {
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
@@ -755,7 +760,7 @@ TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
 TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t head_dim : {64, 128, 256}) {
+    for (int64_t head_dim : {64, 128, 192, 256}) {
       BackwardProblem pb({2, 8, 2, 300, 333, head_dim, head_dim}, dtype, /*causal=*/true);
       pb.params.forward.backend = Backend::kHopper;
       pb.params.deterministic = true;
@@ -817,7 +822,8 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
     }
     expect_variant_error(DType::kFloat16, 64);
     expect_variant_error(DType::kFloat16, 128);
-    expect_variant_error(DType::kBFloat16, 256);  // the column split has one schedule
+    expect_variant_error(DType::kBFloat16, 192);  // the column split has one schedule
+    expect_variant_error(DType::kBFloat16, 256);
   }
 }
 
@@ -825,7 +831,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
 // (backward_config.h's chunk layout): the workspace leaves room for it after D's floats.
 TEST(BackwardHopperRuns, WorkspaceHoldsPaddedDqBlocks) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     BackwardProblem pb({2, 3, 3, 65, 70, d, d}, DType::kBFloat16);
     const size_t delta = (2 * 3 * 65 * sizeof(float) + 255) / 256 * 256;
     const size_t dq = 2 * 3 * hopper::backward_dq_accum_rows(65, d) * d * sizeof(float);

@@ -450,7 +450,7 @@ def test_gpu_backward_backend_follows_the_forward():
         assert torch.equal(a, b)
 
 
-# The Hopper backward (sm_90a wgmma + TMA; fp16/bf16, head dims 64, 128 and 256, compute
+# The Hopper backward (sm_90a wgmma + TMA; fp16/bf16, head dims 64, 128, 192 and 256, compute
 # capability 9.0): every GPU scenario it supports plus a few of its own, through autograd with
 # backend="hopper", atomic and deterministic dq, against the fp64 reference with the tensor-core
 # rule (it rounds P and dS where the sm80 kernels do).
@@ -462,7 +462,7 @@ HOPPER_SCENARIOS_EXTRA = {
 }
 GPU_SCENARIOS.update(HOPPER_SCENARIOS_EXTRA)
 HOPPER_SCENARIOS = [name for name, sc in GPU_SCENARIOS.items()
-                    if sc["shape"][5] == sc["shape"][6] and sc["shape"][5] in (64, 128, 256)]
+                    if sc["shape"][5] == sc["shape"][6] and sc["shape"][5] in (64, 128, 192, 256)]
 
 
 def hopper_backward_skip_reason():
@@ -522,22 +522,22 @@ def test_gpu_hopper_autograd_matches_reference(name, dtype, deterministic):
 
 @requires_hopper_backward
 def test_gpu_auto_backward_picks_hopper_and_forced_hopper_names_the_reason():
-    """backend="auto" takes the Hopper backward at head dims 64, 128 and 256 on sm90, the sm80 one
-    at 96 and 192 (the forward there is Hopper's); backend="hopper" where the backward cannot
+    """backend="auto" takes the Hopper backward at head dims 64, 128, 192 and 256 on sm90, the
+    sm80 one at 96 (the forward there is Hopper's); backend="hopper" where the backward cannot
     run raises, naming the reason."""
     def pick(head_dim, **kwargs):
         q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16, device="cuda")
         return samattn.selected_backend(q, q, q, backward=True, **kwargs)
-    assert pick(64) == "hopper" and pick(128) == "hopper" and pick(256) == "hopper"
-    assert pick(96) == "tensor_core" and pick(192) == "tensor_core"
+    assert [pick(d) for d in (64, 128, 192, 256)] == ["hopper"] * 4
+    assert pick(96) == "tensor_core"
     assert pick(128, backend="tensor_core") == "tensor_core"
     assert pick(128, backend="simt") == "simt"
     with pytest.raises(ValueError, match="head_dim 96"):
         pick(96, backend="hopper")
-    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 40, 50, 192, dtype=torch.bfloat16,
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 40, 50, 96, dtype=torch.bfloat16,
                                                     device="cuda", seed=6))
     out = samattn.attention(q, k, v, backend="hopper")
-    with pytest.raises(ValueError, match="head_dim 192"):
+    with pytest.raises(ValueError, match="head_dim 96"):
         torch.autograd.grad(out.sum(), (q, k, v))
 
 

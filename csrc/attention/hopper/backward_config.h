@@ -7,7 +7,7 @@
 namespace samattn::hopper {
 
 // Head dims with a backward instantiation (fp16 and bf16; q and v share it).
-inline constexpr int kBackwardHeadDims[] = {64, 128, 256};
+inline constexpr int kBackwardHeadDims[] = {64, 128, 192, 256};
 
 constexpr bool is_backward_head_dim(int64_t head_dim) {
   for (int d : kBackwardHeadDims) {
@@ -26,9 +26,8 @@ constexpr int backward_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 :
 // Above head dim 128 the dK and dV of a warpgroup's 64 keys would take 256 registers a thread (at
 // 256). Both consumer warpgroups then own the same 64 keys: each computes the whole S^T and dP^T
 // and keeps half of dK's, dV's and dQ's columns (7/5 of the tensor work of a step; the sm80
-// backward's kColumnSplit does the same, benchmarks/NOTES.md stop 45). Head dim 192 would split
-// into 96 columns, not whole 64-column swizzle atoms of the MN-major dO^T, Q^T and K^T operands:
-// it is not instantiated.
+// backward's kColumnSplit does the same, benchmarks/NOTES.md stop 45). At head dim 192 (96-column
+// halves) the tiles take 64-byte swizzle atoms (backward_kernel.cuh).
 constexpr bool backward_splits_columns(int64_t head_dim) { return head_dim > 128; }
 
 // Keys of a block: 64 per consumer warpgroup, or 64 shared by both when they split the columns.

@@ -144,6 +144,8 @@ void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t 
       return launch_backward<kDType, 64>(params, variant, stream);
     case 128:
       return launch_backward<kDType, 128>(params, variant, stream);
+    case 192:
+      return launch_backward<kDType, 192>(params, variant, stream);
     case 256:
       return launch_backward<kDType, 256>(params, variant, stream);
   }

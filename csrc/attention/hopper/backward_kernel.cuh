@@ -148,8 +148,8 @@ struct Traits {
   static constexpr int kDqFragments = kBlockM * kHeadDim / kDqFragmentFloats;
   static constexpr int kDqFragmentsPerThread = kDqFragments / kDqWarpgroups;
   static_assert(kDqFragments * kDqFragmentFloats == kBlockM * kHeadDim &&
-                    kDqFragments == (kColumnSplit ? 4 : 2),
-                "a step's dQ is whole fragments: two, or four in the column split");
+                    kDqFragments == (kColumnSplit ? kHeadDim / kDqFragmentCols : 2),
+                "a step's dQ is whole fragments: two, or head_dim / 64 in the column split");
 
   // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products; dQ = dS K
   // splits as kDqWarpgroupsM x kDqWarpgroupsN. The column split: each warpgroup computes the
@@ -170,11 +170,16 @@ struct Traits {
   // computes dQ, 0..255 for the split). Values 32 f .. 32 f + 31 are the thread's warpgroup's
   // 64 x 64 fragment f (the split: of the warpgroup's own fragments), in fragment order: value
   // 4j + e of lane l at float4 slot j * 32 + l of the warp's kDqWarpSlots.
+  // The column split: the warpgroup's 8-column groups continue the other's (its values
+  // 4g .. 4g + 3 are group first + g), and a 64-column fragment may hold both's (head dim 192).
   static constexpr int64_t dq_chunk_float(int dq_thread, int i) {
     constexpr int kPerFragment = kDqFragmentFloats / 128;
+    constexpr int kGroups = kDqFragmentCols / 8;  // 8-column groups of a fragment
     const int own_first = kAlternateDq ? 0 : dq_thread / 128 * kDqFragmentsPerThread;
-    const int fragment = own_first + i / kPerFragment;
-    const int warp = dq_thread % 128 / 32, lane = dq_thread % 32, j = i % kPerFragment / 4;
+    const int group = dq_thread / 128 * (DqWarpgroupN::value / 8) + i / 4;
+    const int fragment = kColumnSplit ? group / kGroups : own_first + i / kPerFragment;
+    const int j = kColumnSplit ? group % kGroups : i % kPerFragment / 4;
+    const int warp = dq_thread % 128 / 32, lane = dq_thread % 32;
     return int64_t{fragment} * kDqFragmentFloats + (warp * kDqWarpSlots + j * 32 + lane) * 4 +
            i % 4;
   }
@@ -206,10 +211,11 @@ struct Traits {
       DqSplit{}));
   static_assert(cute::size(TiledMmaDQ{}) == 128 * kDqWarpgroups, "dQ's warpgroups");
 
-  // The widest swizzle a row of head_dim elements allows (128 B for the supported head dims).
+  // The widest swizzle whose atom divides a warpgroup's columns of the MN-major views below (128
+  // B; 64 B at head dim 192, whose halves are 96 columns: three 32-element atoms).
   using SmemAtomKV =
       decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
-                                                                   BlockN, HeadDim>());
+                                                                   BlockN, DkvN>());
   using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<BlockN, HeadDim>{}));
   // The same bytes as (dim, key): K^T, the B operand of dQ = dS K.
   using SmemLayoutKt = decltype(cute::composition(
@@ -217,7 +223,7 @@ struct Traits {
       cute::make_ordered_layout(cute::Shape<HeadDim, BlockN>{}, cute::Step<cute::_2, cute::_1>{})));
   using SmemAtomQ =
       decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
-                                                                   BlockM, HeadDim>());
+                                                                   BlockM, DkvN>());
   // Q and dO stages (query, dim, stage) and the same bytes as (dim, query, stage).
   using SmemLayoutQ =
       decltype(cute::tile_to_shape(SmemAtomQ{}, cute::Shape<BlockM, HeadDim, Stages>{}));
