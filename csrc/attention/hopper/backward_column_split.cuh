@@ -117,44 +117,8 @@ __device__ __forceinline__ void consume_column_split(
                                                             tSrS);
     issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
                                                             tSrdP);
-    const bool needs_mask = work.n_begin + T::kBlockN > f.kept_keys ||
-                            (f.causal && (work.n_begin + T::kBlockN - 1) * f.kv_stride > m_begin);
-    int first_visible[2] = {0, 0};
-    if (needs_mask) {
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int64_t key = work.n_begin + local_key[r];
-        const int64_t first = key >= f.kept_keys ? kBlockM
-                              : f.causal         ? key * f.kv_stride - m_begin
-                                                 : 0;
-        first_visible[r] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
-      }
-    }
-
-    warpgroup_wait<1>();  // S^T has landed
-    warpgroup_fence_operand(tSrS);
-    const float* lse_log2 = shared.lse_log2[stage];
-    auto exponentials = [&](bool masked) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        const int col = get<1>(tScS(i));
-        float x = tSrS(i) * scale_log2 - lse_log2[col];
-        if (masked && col < first_visible[(i / 2) % 2]) x = -INFINITY;
-        tSrS(i) = fast_exp2(x);
-      }
-    };
-    if (needs_mask) {
-      exponentials(true);
-    } else {
-      exponentials(false);
-    }
-    warpgroup_wait<0>();  // dP^T has landed
-    warpgroup_fence_operand(tSrdP);
-    const float* delta = shared.delta[stage];
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrdP); ++i) {
-      tSrdP(i) = tSrS(i) * (tSrdP(i) - delta[get<1>(tScS(i))]);
-    }
+    softmax_gradients<T>(tSrS, tSrdP, tScS, local_key, work.n_begin, m_begin, work.n_begin, f,
+                         scale_log2, shared.lse_log2[stage], shared.delta[stage]);
     convert_pairs<Element>(tSrS, tdVrP);
     convert_pairs<Element>(tSrdP, tdKrdS);
     if (accumulate_dq) {

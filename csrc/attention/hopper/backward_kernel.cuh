@@ -541,6 +541,59 @@ __device__ __forceinline__ void zero_rows_between_kept_keys(
   }
 }
 
+// A step's S^T and dP^T wgmmas (issued in that order) become P^T = exp2(S^T scale log2 e - lse
+// log2 e), masked, and dS^T = P^T (dP^T - D), in place: waits for each product as it needs it.
+// The warpgroup's 64 keys start at key_begin; local_key holds the block rows (from n_begin) of a
+// thread's two accumulator rows.
+template <typename T, typename Accumulator, typename Coordinates>
+__device__ __forceinline__ void softmax_gradients(
+    Accumulator& tSrS, Accumulator& tSrdP, const Coordinates& tScS, const int (&local_key)[2],
+    int64_t key_begin, int64_t m_begin, int64_t n_begin, const detail::ForwardKernelParams& f,
+    float scale_log2, const float* lse_log2, const float* delta) {
+  using namespace cute;
+  constexpr int kBlockM = T::kBlockM;
+  // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T, row
+  // n's visible columns start at first_visible. Only blocks crossing the end of the keys or the
+  // causal diagonal need the test.
+  const bool needs_mask =
+      key_begin + 64 > f.kept_keys || (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
+  int first_visible[2] = {0, 0};
+  if (needs_mask) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = n_begin + local_key[r];
+      const int64_t first = key >= f.kept_keys ? kBlockM
+                            : f.causal         ? key * f.kv_stride - m_begin
+                                               : 0;
+      first_visible[r] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
+    }
+  }
+
+  warpgroup_wait<1>();  // S^T has landed (wgmma groups complete in order)
+  warpgroup_fence_operand(tSrS);
+  // P^T; the per-element mask test only on the steps that need it (one copy of the loop each).
+  auto exponentials = [&](bool masked) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      const int col = get<1>(tScS(i));
+      float x = tSrS(i) * scale_log2 - lse_log2[col];
+      if (masked && col < first_visible[(i / 2) % 2]) x = -INFINITY;
+      tSrS(i) = fast_exp2(x);
+    }
+  };
+  if (needs_mask) {
+    exponentials(true);
+  } else {
+    exponentials(false);
+  }
+  warpgroup_wait<0>();  // dP^T has landed
+  warpgroup_fence_operand(tSrdP);
+  CUTE_UNROLL
+  for (int i = 0; i < size(tSrdP); ++i) {
+    tSrdP(i) = tSrS(i) * (tSrdP(i) - delta[get<1>(tScS(i))]);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                         typename T::SharedStorage& shared,
@@ -676,48 +729,8 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
                                                             tSrS);
     issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
                                                             tSrdP);
-    // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T,
-    // row n's visible columns start at first_visible. Only blocks crossing the end of the keys
-    // or the causal diagonal need the test.
-    const bool needs_mask =
-        key_begin + 64 > f.kept_keys || (f.causal && (key_begin + 63) * f.kv_stride > m_begin);
-    int first_visible[2] = {0, 0};
-    if (needs_mask) {
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int64_t key = work.n_begin + local_key[r];
-        const int64_t first = key >= f.kept_keys ? kBlockM
-                              : f.causal         ? key * f.kv_stride - m_begin
-                                                 : 0;
-        first_visible[r] = static_cast<int>(max(min(first, int64_t{kBlockM}), int64_t{0}));
-      }
-    }
-
-    warpgroup_wait<1>();  // S^T has landed (wgmma groups complete in order)
-    warpgroup_fence_operand(tSrS);
-    const float* lse_log2 = shared.lse_log2[stage];
-    // P^T; the per-element mask test only on the steps that need it (one copy of the loop each).
-    auto exponentials = [&](bool masked) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        const int col = get<1>(tScS(i));
-        float x = tSrS(i) * scale_log2 - lse_log2[col];
-        if (masked && col < first_visible[(i / 2) % 2]) x = -INFINITY;
-        tSrS(i) = fast_exp2(x);
-      }
-    };
-    if (needs_mask) {
-      exponentials(true);
-    } else {
-      exponentials(false);
-    }
-    warpgroup_wait<0>();  // dP^T has landed
-    warpgroup_fence_operand(tSrdP);
-    const float* delta = shared.delta[stage];
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrdP); ++i) {
-      tSrdP(i) = tSrS(i) * (tSrdP(i) - delta[get<1>(tScS(i))]);
-    }
+    softmax_gradients<T>(tSrS, tSrdP, tScS, local_key, key_begin, m_begin, work.n_begin, f,
+                         scale_log2, shared.lse_log2[stage], shared.delta[stage]);
     // Nothing is in flight here, so S^T and dP^T (64 fp32 registers) become the 16-bit P^T and
     // dS^T (16 registers) before the next GEMMs take registers.
     convert_pairs<Element>(tSrS, tdVrP);
