@@ -56,24 +56,10 @@ __device__ __forceinline__ void consume_column_split(
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
 
-  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
-  Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKt{});
-  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQt{});
-  Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDs{});
   Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDst{});
-
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, 1, D/16) descriptors
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, 1, D/16)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, 1, D/16, stage)
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);    // (MMA, 1, D/16, stage)
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, kBlockM/16, stage): own half
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, 1, kBlockN/16, buffer)
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16): own half
+  auto [tSrK, tSrV, tSrQ, tSrdO, tdVrdO, tdKrQ, tdQrdS, tdQrKt] =
+      operand_descriptors<T>(shared, thr_sdp, thr_dkv, thr_dq);
   auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thread_ds_store = ds_store.get_thread_slice(own_tid);
   Tensor tDSsdSt = thread_ds_store.partition_D(sdSt);  // (CPY, CPY_M, CPY_N, buffer)

@@ -541,6 +541,30 @@ __device__ __forceinline__ void zero_rows_between_kept_keys(
   }
 }
 
+// A consumer thread's wgmma operands in the block's shared-memory tiles (descriptors, not
+// registers), for its thread slices of the S^T / dP^T, the dK / dV and the dQ products:
+// K, V (MMA, 1, D/16); Q, dO (MMA, 1, D/16, stage) for S^T and dP^T; dO^T, Q^T (MMA, 1,
+// kBlockM/16, stage) for dV and dK; dS (MMA, M, kBlockN/16, buffer) and K^T (MMA, 1, kBlockN/16)
+// for dQ.
+template <typename T, typename SdpSlice, typename DkvSlice, typename DqSlice>
+__device__ __forceinline__ auto operand_descriptors(typename T::SharedStorage& shared,
+                                                    const SdpSlice& sdp, const DkvSlice& dkv,
+                                                    const DqSlice& dq) {
+  using namespace cute;
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKt{});
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDs{});
+  return make_tuple(sdp.partition_fragment_A(sK), sdp.partition_fragment_A(sV),
+                    sdp.partition_fragment_B(sQ), sdp.partition_fragment_B(sdO),
+                    dkv.partition_fragment_B(sdOt), dkv.partition_fragment_B(sQt),
+                    dq.partition_fragment_A(sdS), dq.partition_fragment_B(sKt));
+}
+
 // A step's S^T and dP^T wgmmas (issued in that order) become P^T = exp2(S^T scale log2 e - lse
 // log2 e), masked, and dS^T = P^T (dP^T - D), in place: waits for each product as it needs it.
 // The warpgroup's 64 keys start at key_begin; local_key holds the block rows (from n_begin) of a
@@ -618,24 +642,10 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
   const int dq_thread = T::kAlternateDq ? tid % 128 : tid;
   auto thr_dq = mma_dq.get_thread_slice(dq_thread);
 
-  Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename T::SmemLayoutKV{});
-  Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename T::SmemLayoutKt{});
-  Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename T::SmemLayoutQt{});
-  Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDs{});
   Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename T::SmemLayoutDst{});
-
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);      // (MMA, 1, D/16) descriptors
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);      // (MMA, 1, D/16)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);      // (MMA, 1, D/16, stage)
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);    // (MMA, 1, D/16, stage)
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, 1, kBlockM/16, stage)
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, 1, kBlockM/16, stage)
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, M, kBlockN/16, buffer)
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, kBlockN/16)
+  auto [tSrK, tSrV, tSrQ, tSrdO, tdVrdO, tdKrQ, tdQrdS, tdQrKt] =
+      operand_descriptors<T>(shared, thr_sdp, thr_dkv, thr_dq);
   // dS^T leaves through stmatrix, one instruction per four 8 x 8 blocks (32-bit stores with
   // swizzled 64-bit addresses rebuilt every step were 105 instructions per warp and step and
   // 4.4% of the stall samples under ncu, stop 30).
