@@ -8,6 +8,8 @@
 //    into the fp32 accumulator with 16-byte atomics, in the chunk's order (Traits::dq_chunk_float,
 //    so the conversion kernel is the same): a staging tile for bulk reductions would not fit
 //    beside K, V and two Q / dO stages (226 KiB at 256).
+// At head dim 192 the halves are 96 columns and the tiles take 64-byte swizzle atoms
+// (backward_kernel.cuh, SmemAtomKV).
 // The warpgroups share only the Q / dO stages (both arrive on `empty`) and meet twice: warpgroup 1
 // starts once warpgroup 0 has finished its first softmax (so that one's softmax runs under the
 // other's GEMMs from then on), and both meet before dK and dV are staged in V's tile, which both

@@ -123,7 +123,7 @@ constexpr int backward_dq_staging_floats(int64_t head_dim, bool alternates_dq) {
 // K and V tiles, kStages x (Q and dO tiles), the dS buffers, a dQ staging tile per consumer
 // warpgroup, lse and D per stage, barriers, for the head dim's default schedule (checked against
 // each instantiation's SharedStorage by a static_assert in backward_kernel.cuh; the other
-// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128 and 256.
+// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128 and 256, 178 KiB at 192.
 constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
   using C = BackwardConfig;
   const int64_t block_m = backward_block_m(head_dim);
