@@ -26,6 +26,7 @@
 //     /tmp/hopper_backward_fragments
 //   /tmp/hopper_backward_fragments      -> "OK", exit 0
 // ($CUTLASS_INCLUDE: the nvidia-cutlass wheel's source/include, as csrc/CMakeLists.txt finds it.)
+// tests/python/test_hopper_backward_fragments.py builds and runs it in the test suite.
 #include <cstdio>
 #include <set>
 
