@@ -144,9 +144,10 @@ struct Traits {
   static constexpr int kDqWarpgroupsN = kDqWarpgroups / kDqWarpgroupsM;
   static_assert(kHeadDim % (16 * kDqWarpgroupsN) == 0, "dQ's column split is whole wgmma tiles");
   using DqWarpgroupN = cute::Int<kHeadDim / kDqWarpgroupsN>;
-  // 64 x 64 fragments (backward_config.h) of the step's dQ per thread of a dQ warpgroup.
+  // 64 x 64 fragments (backward_config.h) of the step's dQ, and those a dQ warpgroup stages and
+  // reduces (the column split stages none: a fragment may hold both warpgroups' columns there).
   static constexpr int kDqFragments = kBlockM * kHeadDim / kDqFragmentFloats;
-  static constexpr int kDqFragmentsPerThread = kDqFragments / kDqWarpgroups;
+  static constexpr int kDqFragmentsPerThread = kColumnSplit ? 0 : kDqFragments / kDqWarpgroups;
   static_assert(kDqFragments * kDqFragmentFloats == kBlockM * kHeadDim &&
                     kDqFragments == (kColumnSplit ? kHeadDim / kDqFragmentCols : 2),
                 "a step's dQ is whole fragments: two, or head_dim / 64 in the column split");
