@@ -73,7 +73,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
 
     Differentiable with respect to q, k and v (on CUDA the Hopper backward for float16 and
-    bfloat16 at head dims 64/128/192/256 on compute capability 9.0, the tensor-core backward for
+    bfloat16 at head dims 64/96/128/192/256 on compute capability 9.0, the tensor-core backward for
     them at head dims 32/64/96/128/192/256 on sm80+ (192 and 256 where a block may have the
     shared memory they need: A100, H100), the SIMT backward otherwise, chosen by ``backend`` as for
     the forward: see ``selected_backend(..., backward=True)``; the fp64 reference on the CPU).

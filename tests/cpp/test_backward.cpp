@@ -596,10 +596,10 @@ TEST(BackwardTensorCoreRuns, AutoFallsBackAndForcedTensorCoreNamesTheReason) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64, 128, 192 and 256, the last two
-// with the consumer warpgroups splitting the columns) against the reference with the tensor-core
-// rule (it rounds P and dS exactly where the sm80 kernels do), with atomic and deterministic dQ;
-// against the sm80 backward; and its dispatch.
+// The Hopper backward (sm_90a wgmma + TMA, fp16/bf16, head dims 64, 96, 128, 192 and 256, the
+// last two with the consumer warpgroups splitting the columns) against the reference with the
+// tensor-core rule (it rounds P and dS exactly where the sm80 kernels do), with atomic and
+// deterministic dQ; against the sm80 backward; and its dispatch.
 
 const Scenario kHopperScenarios[] = {
     {"dense", {2, 3, 3, 77, 129, 64, 64}},
@@ -636,6 +636,12 @@ const Scenario kHopperScenarios[] = {
     {"kv_stride2_gqa_causal_192", {1, 4, 2, 150, 150, 192, 192}, true, 2},
     {"seq_major_192", {2, 2, 2, 50, 61, 192, 192}, false, 1, true},
     {"single_query_192", {2, 2, 2, 1, 100, 192, 192}},
+    {"dense_96", {2, 3, 3, 77, 129, 96, 96}},
+    {"causal_gqa_4to1_96", {1, 8, 2, 130, 140, 96, 96}, true},
+    {"kv_stride3_causal_96", {1, 2, 2, 200, 200, 96, 96}, true, 3},
+    {"seq_major_causal_sq_gt_sk_96", {1, 2, 2, 100, 61, 96, 96}, true, 1, true},
+    {"single_query_96", {2, 2, 2, 1, 100, 96, 96}},
+    {"no_keys_96", {1, 2, 2, 10, 0, 96, 96}},
 };
 
 std::vector<TensorCoreCase> all_hopper_cases() {
@@ -717,6 +723,7 @@ TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
       {"cross_strided_gqa_128", {1, 8, 2, 200, 333, 128, 128}, true, 2},
       {"cross_causal_gqa_256", {1, 4, 2, 200, 333, 256, 256}, true},
       {"cross_dense_192", {1, 4, 4, 300, 257, 192, 192}},
+      {"cross_causal_gqa_96", {1, 4, 2, 333, 300, 96, 96}, true},
   };
   for (const Scenario& sc : list) {
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
@@ -760,7 +767,7 @@ TEST(BackwardHopperRuns, AgreesWithTheSm80Backward) {
 TEST(BackwardHopperRuns, DeterministicRerunsAreBitIdentical) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t head_dim : {64, 128, 192, 256}) {
+    for (int64_t head_dim : {64, 96, 128, 192, 256}) {
       BackwardProblem pb({2, 8, 2, 300, 333, head_dim, head_dim}, dtype, /*causal=*/true);
       pb.params.forward.backend = Backend::kHopper;
       pb.params.deterministic = true;
@@ -822,6 +829,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
     }
     expect_variant_error(DType::kFloat16, 64);
     expect_variant_error(DType::kFloat16, 128);
+    expect_variant_error(DType::kBFloat16, 96);   // takes turns only
     expect_variant_error(DType::kBFloat16, 192);  // the column split has one schedule
     expect_variant_error(DType::kBFloat16, 256);
   }
@@ -831,7 +839,7 @@ TEST(BackwardHopperRuns, VariantsMatchReference) {
 // (backward_config.h's chunk layout): the workspace leaves room for it after D's floats.
 TEST(BackwardHopperRuns, WorkspaceHoldsPaddedDqBlocks) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
-  for (int64_t d : {64, 128, 192, 256}) {
+  for (int64_t d : {64, 96, 128, 192, 256}) {
     BackwardProblem pb({2, 3, 3, 65, 70, d, d}, DType::kBFloat16);
     const size_t delta = (2 * 3 * 65 * sizeof(float) + 255) / 256 * 256;
     const size_t dq = 2 * 3 * hopper::backward_dq_accum_rows(65, d) * d * sizeof(float);
@@ -853,7 +861,7 @@ TEST(BackwardHopperRuns, VariantErrorsNameTheVariable) {
 #endif
 }
 
-// kAuto picks the Hopper backward for its head dims on sm90 and the sm80 one for head dim 96;
+// kAuto picks the Hopper backward for its head dims on sm90 and the sm80 one for head dim 32;
 // kHopper on a call it cannot run is an error that names the reason; masks go to SIMT.
 TEST(BackwardHopperRuns, AutoPicksHopperAndForcedHopperNamesTheReason) {
   SKIP_WITHOUT_HOPPER_BACKWARD();
@@ -871,13 +879,16 @@ TEST(BackwardHopperRuns, AutoPicksHopperAndForcedHopperNamesTheReason) {
   }
   BackwardProblem d96({1, 2, 2, 31, 45, 96, 96}, DType::kBFloat16);
   DeviceBackward dev96(d96);
-  EXPECT_EQ(select_backward_backend(dev96.params), Backend::kTensorCore);
-  dev96.params.forward.backend = Backend::kHopper;
+  EXPECT_EQ(select_backward_backend(dev96.params), Backend::kHopper);
+  BackwardProblem d32({1, 2, 2, 31, 45, 32, 32}, DType::kBFloat16);
+  DeviceBackward dev32_heads(d32);
+  EXPECT_EQ(select_backward_backend(dev32_heads.params), Backend::kTensorCore);
+  dev32_heads.params.forward.backend = Backend::kHopper;
   try {
-    attention_backward(dev96.params, nullptr);
-    FAIL() << "the Hopper backward accepted head_dim 96";
+    attention_backward(dev32_heads.params, nullptr);
+    FAIL() << "the Hopper backward accepted head_dim 32";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("head_dim 96"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("head_dim 32"), std::string::npos) << error.what();
   }
   BackwardProblem f32({1, 2, 2, 31, 45, 64, 64}, DType::kFloat32);
   DeviceBackward dev32(f32);

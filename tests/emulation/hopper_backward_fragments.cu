@@ -40,11 +40,12 @@ using namespace samattn::hopper::bwd;
 // against it).
 long dq_chunk_offset(int head_dim, int row, int col) {
   using namespace samattn::hopper;
+  const int cols = backward_dq_fragment_cols(head_dim);
   const bool split_rows = backward_dq_split_rows(head_dim);
-  const int warpgroup = split_rows ? row / kDqFragmentRows : col / kDqFragmentCols;
-  const int r = row % kDqFragmentRows, c = col % kDqFragmentCols;
-  const int slot = r / 16 * kDqWarpSlots + c / 8 * 32 + r % 8 * 4 + c % 8 / 2;
-  return long{warpgroup} * kDqFragmentFloats + slot * 4 + r / 8 % 2 * 2 + c % 2;
+  const int fragment = split_rows ? row / kDqFragmentRows : col / cols;
+  const int r = row % kDqFragmentRows, c = col % cols;
+  const int slot = r / 16 * backward_dq_warp_slots(head_dim) + c / 8 * 32 + r % 8 * 4 + c % 8 / 2;
+  return long{fragment} * backward_dq_fragment_floats(head_dim) + slot * 4 + r / 8 % 2 * 2 + c % 2;
 }
 
 template <typename Element, int kHeadDim, bool kAlternateDq>
@@ -122,8 +123,7 @@ int check() {
           }
         } else if (in_staging < 0 || in_staging >= T::kDqStagingFloats ||
                    !staging_seen[tid / 128].insert(in_staging).second ||
-                   in_staging % samattn::hopper::kDqFragmentFloats !=
-                       staged % samattn::hopper::kDqFragmentFloats) {
+                   in_staging % T::kDqFragmentFloats != staged % T::kDqFragmentFloats) {
           report("staged dQ outside its warpgroup's tile or twice", tid, i);
         }
         if (i % 2 == 1 && (get<0>(cq(i - 1)) != row || get<1>(cq(i - 1)) != col - 1)) {
@@ -176,12 +176,14 @@ int check() {
 }
 
 int main() {
-  // Both dQ schedules at both head dims (the shipped ones per backward_alternates_dq for both
-  // dtypes; the others for bf16, as tuning builds instantiate them).
+  // Both dQ schedules at head dims 64 and 128 (the shipped ones per backward_alternates_dq for
+  // both dtypes; the others for bf16, as tuning builds instantiate them); one at the others.
   using samattn::hopper::backward_alternates_dq;
   const int bad =
       check<cutlass::bfloat16_t, 64, true>() + check<cutlass::bfloat16_t, 64, false>() +
       check<cutlass::bfloat16_t, 128, true>() + check<cutlass::bfloat16_t, 128, false>() +
+      check<cutlass::bfloat16_t, 96, backward_alternates_dq(96)>() +
+      check<cutlass::half_t, 96, backward_alternates_dq(96)>() +
       check<cutlass::bfloat16_t, 192, false>() + check<cutlass::bfloat16_t, 256, false>() +
       check<cutlass::half_t, 64, backward_alternates_dq(64)>() +
       check<cutlass::half_t, 128, backward_alternates_dq(128)>() +

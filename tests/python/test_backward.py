@@ -450,7 +450,7 @@ def test_gpu_backward_backend_follows_the_forward():
         assert torch.equal(a, b)
 
 
-# The Hopper backward (sm_90a wgmma + TMA; fp16/bf16, head dims 64, 128, 192 and 256, compute
+# The Hopper backward (sm_90a wgmma + TMA; fp16/bf16, head dims 64, 96, 128, 192 and 256, compute
 # capability 9.0): every GPU scenario it supports plus a few of its own, through autograd with
 # backend="hopper", atomic and deterministic dq, against the fp64 reference with the tensor-core
 # rule (it rounds P and dS where the sm80 kernels do).
@@ -459,10 +459,12 @@ HOPPER_SCENARIOS_EXTRA = {
     "strided3_gqa_64": dict(shape=(1, 8, 2, 100, 200, 64, 64), kv_stride=3),
     "sq_gt_sk_128": dict(shape=(1, 2, 2, 300, 129, 128, 128)),
     "gqa_4to1_causal_256": dict(shape=(1, 8, 2, 130, 140, 256, 256), causal=True),
+    "strided2_causal_96": dict(shape=(1, 4, 2, 150, 150, 96, 96), causal=True, kv_stride=2),
 }
 GPU_SCENARIOS.update(HOPPER_SCENARIOS_EXTRA)
 HOPPER_SCENARIOS = [name for name, sc in GPU_SCENARIOS.items()
-                    if sc["shape"][5] == sc["shape"][6] and sc["shape"][5] in (64, 128, 192, 256)]
+                    if sc["shape"][5] == sc["shape"][6]
+                    and sc["shape"][5] in (64, 96, 128, 192, 256)]
 
 
 def hopper_backward_skip_reason():
@@ -522,23 +524,17 @@ def test_gpu_hopper_autograd_matches_reference(name, dtype, deterministic):
 
 @requires_hopper_backward
 def test_gpu_auto_backward_picks_hopper_and_forced_hopper_names_the_reason():
-    """backend="auto" takes the Hopper backward at head dims 64, 128, 192 and 256 on sm90, the
-    sm80 one at 96 (the forward there is Hopper's); backend="hopper" where the backward cannot
-    run raises, naming the reason."""
+    """backend="auto" takes the Hopper backward at head dims 64, 96, 128, 192 and 256 on sm90, the
+    sm80 one at 32; backend="hopper" where the backward cannot run raises, naming the reason."""
     def pick(head_dim, **kwargs):
         q = torch.zeros(1, 2, 16, head_dim, dtype=torch.bfloat16, device="cuda")
         return samattn.selected_backend(q, q, q, backward=True, **kwargs)
-    assert [pick(d) for d in (64, 128, 192, 256)] == ["hopper"] * 4
-    assert pick(96) == "tensor_core"
+    assert [pick(d) for d in (64, 96, 128, 192, 256)] == ["hopper"] * 5
+    assert pick(32) == "tensor_core"
     assert pick(128, backend="tensor_core") == "tensor_core"
     assert pick(128, backend="simt") == "simt"
-    with pytest.raises(ValueError, match="head_dim 96"):
-        pick(96, backend="hopper")
-    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 40, 50, 96, dtype=torch.bfloat16,
-                                                    device="cuda", seed=6))
-    out = samattn.attention(q, k, v, backend="hopper")
-    with pytest.raises(ValueError, match="head_dim 96"):
-        torch.autograd.grad(out.sum(), (q, k, v))
+    with pytest.raises(ValueError, match="head_dim 32"):
+        pick(32, backend="hopper")
 
 
 @requires_cuda

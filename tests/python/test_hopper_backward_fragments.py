@@ -2,7 +2,7 @@
 tests/emulation/hopper_backward_fragments.cu against the kernel's own CuTe types and runs it (CuTe
 layouts evaluate on the CPU). It exits 0 and prints OK when every assumption of
 csrc/attention/hopper/backward_kernel.cuh holds for every instantiated head dim and schedule,
-the column split of head dims 192 and 256 included. No GPU needed; skipped without nvcc or the
+the column split of head dims 192 and 256 and head dim 96's 32-column dQ fragments included. No GPU needed; skipped without nvcc or the
 nvidia-cutlass headers."""
 
 import importlib.util
@@ -46,6 +46,7 @@ def test_hopper_backward_fragment_layouts(tmp_path):
     lines = run.stdout.strip().splitlines()
     assert run.returncode == 0 and lines and lines[-1] == "OK", run.stdout[-4000:]
     # Every head dim of the Hopper backward was checked, the column split's among them.
-    for head_dim in (64, 128, 192, 256):
+    for head_dim in (64, 96, 128, 192, 256):
         assert any(f"D={head_dim} " in line and "0 problems" in line for line in lines), head_dim
     assert sum("column split: 0 problems" in line for line in lines) == 4
+    assert sum("D=96 M=64 alternating dQ: 0 problems" in line for line in lines) == 2

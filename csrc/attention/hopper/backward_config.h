@@ -7,7 +7,7 @@
 namespace samattn::hopper {
 
 // Head dims with a backward instantiation (fp16 and bf16; q and v share it).
-inline constexpr int kBackwardHeadDims[] = {64, 128, 192, 256};
+inline constexpr int kBackwardHeadDims[] = {64, 96, 128, 192, 256};
 
 constexpr bool is_backward_head_dim(int64_t head_dim) {
   for (int d : kBackwardHeadDims) {
@@ -39,7 +39,11 @@ constexpr int backward_block_n(int64_t head_dim) {
 // dim 64 the warpgroups take turns, one computing the whole of it while the other runs ahead
 // into its next step (1.02-1.06x the split below, H200, benchmarks/NOTES.md stop 24); at 128
 // both meet at a barrier every step and compute half each (there the turns measured 0.95-0.98x).
-constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64; }
+// Head dim 96 takes turns too: its halves would be 48 columns of K^T, whose 64-byte swizzle atoms
+// (96 is not a multiple of 64 elements) are 32 columns wide, so a half would start inside one.
+constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64 || head_dim == 96; }
+// Head dims where both dQ schedules compile (the tuning build's SAMATTN_HOPPER_BWD_VARIANT).
+constexpr bool backward_has_variants(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 // The split schedule at 64 query rows a step (head dim 128) issues a step's dQ one step late,
 // after the next step's softmax: a warpgroup then waits only for the other's dS of the previous
@@ -75,23 +79,31 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 1024;
 };
 
-// dQ of one step is two 64 x 64 fp32 fragments (the m64n64 wgmma accumulator's layout, whichever
-// warpgroup computed them). Each goes to shared memory in fragment order (lane l of warp v puts
-// its values 4j..4j+3 at float4 slot v * 256 + j * 32 + l), and from there with one bulk
-// reduce-add per warp and fragment into the accumulator, which keeps that order: per (batch,
-// query head, block of backward_block_m rows) a contiguous chunk of block_m x head_dim floats,
-// fragment f at f * 4096 floats. Rows are padded to whole blocks.
+// dQ of one step is 64-row fp32 fragments of backward_dq_fragment_cols columns (the m64nN wgmma
+// accumulator's layout, whichever warpgroup computed them): two 64 x 64 ones at head dims 64
+// (split by rows) and 128 (by columns), head_dim / 64 in the column split, three 64 x 32 ones at
+// head dim 96. Each goes to shared memory in fragment order (lane l of warp v puts its values
+// 4j..4j+3 at float4 slot v * slots + j * 32 + l, slots = backward_dq_warp_slots), and from there
+// with one bulk reduce-add per warp and fragment into the accumulator, which keeps that order:
+// per (batch, query head, block of backward_block_m rows) a contiguous chunk of block_m x
+// head_dim floats, fragment f at f * backward_dq_fragment_floats floats. Rows are padded to
+// whole blocks.
 inline constexpr int kDqFragmentRows = 64;
-inline constexpr int kDqFragmentCols = 64;
-inline constexpr int kDqFragmentFloats = kDqFragmentRows * kDqFragmentCols;
-inline constexpr int kDqWarpSlots = kDqFragmentFloats / 4 / 4;  // float4 slots of one warp
+constexpr int backward_dq_fragment_cols(int64_t head_dim) { return head_dim % 64 == 0 ? 64 : 32; }
+constexpr int backward_dq_fragment_floats(int64_t head_dim) {
+  return kDqFragmentRows * backward_dq_fragment_cols(head_dim);
+}
+// float4 slots of one warp in a fragment.
+constexpr int backward_dq_warp_slots(int64_t head_dim) {
+  return backward_dq_fragment_floats(head_dim) / 4 / 4;
+}
 
 constexpr int64_t backward_dq_accum_rows(int64_t seqlen_q, int64_t head_dim) {
   const int64_t block_m = backward_block_m(head_dim);
   return (seqlen_q + block_m - 1) / block_m * block_m;
 }
 
-// The two fragments split the block's 128 rows (head_dim 64) or its 128 columns (head_dim 128).
+// The fragments split the block's 128 rows (head_dim 64) or its columns.
 constexpr bool backward_dq_split_rows(int64_t head_dim) {
   return backward_block_m(head_dim) == 2 * kDqFragmentRows;
 }
@@ -104,26 +116,29 @@ struct DqSlotPosition {
   int row, col;
 };
 constexpr DqSlotPosition backward_dq_slot_position(int64_t head_dim, int slot) {
-  const int fragment = slot / (kDqFragmentFloats / 4);
-  const int in_fragment = slot % (kDqFragmentFloats / 4);
-  const int warp = in_fragment / kDqWarpSlots, j = in_fragment % kDqWarpSlots / 32;
+  const int fragment_slots = backward_dq_fragment_floats(head_dim) / 4;
+  const int warp_slots = backward_dq_warp_slots(head_dim);
+  const int fragment = slot / fragment_slots, in_fragment = slot % fragment_slots;
+  const int warp = in_fragment / warp_slots, j = in_fragment % warp_slots / 32;
   const int lane = in_fragment % 32;
   const int r = warp * 16 + lane / 4, c = j * 8 + lane % 4 * 2;
-  return backward_dq_split_rows(head_dim) ? DqSlotPosition{fragment * kDqFragmentRows + r, c}
-                                          : DqSlotPosition{r, fragment * kDqFragmentCols + c};
+  return backward_dq_split_rows(head_dim)
+             ? DqSlotPosition{fragment * kDqFragmentRows + r, c}
+             : DqSlotPosition{r, fragment * backward_dq_fragment_cols(head_dim) + c};
 }
 
 // Floats of a consumer warpgroup's dQ staging tile: the fragments it computes in one step. The
 // column split adds dQ from registers with 16-byte atomics in the chunk's order: a staging tile
 // would not fit beside K, V and two stages of Q and dO.
 constexpr int backward_dq_staging_floats(int64_t head_dim, bool alternates_dq) {
-  return backward_splits_columns(head_dim) ? 0 : (alternates_dq ? 2 : 1) * kDqFragmentFloats;
+  const int step_floats = backward_block_m(head_dim) * static_cast<int>(head_dim);
+  return backward_splits_columns(head_dim) ? 0 : alternates_dq ? step_floats : step_floats / 2;
 }
 
 // K and V tiles, kStages x (Q and dO tiles), the dS buffers, a dQ staging tile per consumer
 // warpgroup, lse and D per stage, barriers, for the head dim's default schedule (checked against
 // each instantiation's SharedStorage by a static_assert in backward_kernel.cuh; the other
-// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128 and 256, 178 KiB at 192.
+// schedule needs no more). 227 KiB at head dim 64, 226 KiB at 128 and 256, 178 KiB at 96 and 192.
 constexpr int backward_smem_bytes(int64_t head_dim, int element_bytes) {
   using C = BackwardConfig;
   const int64_t block_m = backward_block_m(head_dim);

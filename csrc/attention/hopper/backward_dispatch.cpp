@@ -127,9 +127,10 @@ BackwardVariant backward_variant_from_environment(DType dtype, int64_t head_dim)
 #endif
   SAMATTN_CHECK(dtype == DType::kBFloat16, "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " is built for bfloat16 only; got ", dtype_name(dtype), " head_dim ", head_dim);
-  SAMATTN_CHECK(!backward_splits_columns(head_dim), "SAMATTN_HOPPER_BWD_VARIANT=", text,
+  SAMATTN_CHECK(backward_has_variants(head_dim), "SAMATTN_HOPPER_BWD_VARIANT=", text,
                 " has no kernel at head_dim ", head_dim,
-                ": the column split (head dims above 128) has one dQ schedule");
+                ": only head dims 64 and 128 have both dQ schedules (96 takes turns, the column "
+                "split above 128 splits dQ)");
   return text == "split_dq" ? BackwardVariant::kSplitDq : BackwardVariant::kAlternateDq;
 }
 
@@ -142,6 +143,8 @@ void dispatch_head_dim(const detail::BackwardKernelParams& params, cudaStream_t 
   switch (params.fwd.head_dim) {
     case 64:
       return launch_backward<kDType, 64>(params, variant, stream);
+    case 96:
+      return launch_backward<kDType, 96>(params, variant, stream);
     case 128:
       return launch_backward<kDType, 128>(params, variant, stream);
     case 192:

@@ -144,13 +144,18 @@ struct Traits {
   static constexpr int kDqWarpgroupsN = kDqWarpgroups / kDqWarpgroupsM;
   static_assert(kHeadDim % (16 * kDqWarpgroupsN) == 0, "dQ's column split is whole wgmma tiles");
   using DqWarpgroupN = cute::Int<kHeadDim / kDqWarpgroupsN>;
-  // 64 x 64 fragments (backward_config.h) of the step's dQ, and those a dQ warpgroup stages and
-  // reduces (the column split stages none: a fragment may hold both warpgroups' columns there).
+  // The 64-row fragments (backward_config.h) of the step's dQ, and those a dQ warpgroup stages
+  // and reduces (the column split stages none: a fragment may hold both warpgroups' columns).
+  static constexpr int kDqFragmentCols = backward_dq_fragment_cols(kHeadDim);
+  static constexpr int kDqFragmentFloats = backward_dq_fragment_floats(kHeadDim);
+  static constexpr int kDqWarpSlots = backward_dq_warp_slots(kHeadDim);
   static constexpr int kDqFragments = kBlockM * kHeadDim / kDqFragmentFloats;
   static constexpr int kDqFragmentsPerThread = kColumnSplit ? 0 : kDqFragments / kDqWarpgroups;
   static_assert(kDqFragments * kDqFragmentFloats == kBlockM * kHeadDim &&
-                    kDqFragments == (kColumnSplit ? kHeadDim / kDqFragmentCols : 2),
-                "a step's dQ is whole fragments: two, or head_dim / 64 in the column split");
+                    (kColumnSplit || kDqFragmentsPerThread * kDqWarpgroups == kDqFragments),
+                "a step's dQ is whole fragments, the same number for each dQ warpgroup");
+  static_assert(kColumnSplit || kDqFragmentsPerThread * kDqFragmentFloats == kDqStagingFloats,
+                "a dQ warpgroup's staging tile holds exactly its fragments");
 
   // The consumer warpgroups stack along M (keys) for the S^T, dP^T, dK and dV products; dQ = dS K
   // splits as kDqWarpgroupsM x kDqWarpgroupsN. The column split: each warpgroup computes the
@@ -168,9 +173,10 @@ struct Traits {
 
   // Where value i of a dQ thread's fragment lies in the block's chunk (backward_config.h), in
   // floats; dq_thread is the thread's index in the dQ warpgroups (0..127 when one warpgroup
-  // computes dQ, 0..255 for the split). Values 32 f .. 32 f + 31 are the thread's warpgroup's
-  // 64 x 64 fragment f (the split: of the warpgroup's own fragments), in fragment order: value
-  // 4j + e of lane l at float4 slot j * 32 + l of the warp's kDqWarpSlots.
+  // computes dQ, 0..255 for the split). A thread's values 4g .. 4g + 3 lie in its 8-column
+  // group g, so values f P .. (f + 1) P - 1 (P = kDqFragmentFloats / 128) are the thread's
+  // warpgroup's fragment f (the split: of the warpgroup's own fragments), in fragment order:
+  // value 4j + e of lane l at float4 slot j * 32 + l of the warp's kDqWarpSlots.
   // The column split: the warpgroup's 8-column groups continue the other's (its values
   // 4g .. 4g + 3 are group first + g), and a 64-column fragment may hold both's (head dim 192).
   static constexpr int64_t dq_chunk_float(int dq_thread, int i) {
@@ -213,7 +219,7 @@ struct Traits {
   static_assert(cute::size(TiledMmaDQ{}) == 128 * kDqWarpgroups, "dQ's warpgroups");
 
   // The widest swizzle whose atom divides a warpgroup's columns of the MN-major views below (128
-  // B; 64 B at head dim 192, whose halves are 96 columns: three 32-element atoms).
+  // B; 64 B at head dims 96 and 192, whose warpgroups take 96 columns: three 32-element atoms).
   using SmemAtomKV =
       decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
                                                                    BlockN, DkvN>());
@@ -450,9 +456,10 @@ __device__ __forceinline__ void reduce_staged_dq(float* chunk, const float* stag
   if (!issues_dq) return;
   CUTE_UNROLL
   for (int fragment = 0; fragment < T::kDqFragmentsPerThread; ++fragment) {
-    const int first = fragment * kDqFragmentFloats / 128;
+    const int first = fragment * T::kDqFragmentFloats / 128;
     bulk_reduce_add(chunk + T::dq_chunk_float(dq_thread, first),
-                    staging + T::dq_staging_float(dq_thread, first), kDqWarpSlots * sizeof(float4));
+                    staging + T::dq_staging_float(dq_thread, first),
+                    T::kDqWarpSlots * sizeof(float4));
   }
 }
 

@@ -116,7 +116,7 @@ void launch_backward(const detail::BackwardKernelParams& p, BackwardVariant vari
   // -DSAMATTN_HOPPER_TUNING=ON; backward_variant_from_environment() has refused them anywhere
   // else.
 #ifdef SAMATTN_HOPPER_TUNING
-  constexpr bool kVariantBuilt = kDType == DType::kBFloat16 && !backward_splits_columns(kHeadDim);
+  constexpr bool kVariantBuilt = kDType == DType::kBFloat16 && backward_has_variants(kHeadDim);
 #else
   constexpr bool kVariantBuilt = false;
 #endif
