@@ -101,12 +101,9 @@ __device__ __forceinline__ void consume_column_split(
     Tensor tdKrdS = make_tensor<Element>(accumulator_as_a_operand(tSrdP.layout()));
 
     shared.full[stage].wait(phase);
-    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, stage),
-                                                            tSrS);
-    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
-                                                            tSrdP);
-    softmax_gradients<T>(tSrS, tSrdP, tScS, local_key, work.n_begin, m_begin, work.n_begin, f,
-                         scale_log2, shared.lse_log2[stage], shared.delta[stage]);
+    softmax_gradients<T>(mma_sdp, tSrK, tSrV, tSrQ(_, _, _, stage), tSrdO(_, _, _, stage), tSrS,
+                         tSrdP, tScS, local_key, work.n_begin, m_begin, work.n_begin, f, scale_log2,
+                         shared.lse_log2[stage], shared.delta[stage]);
     convert_pairs<Element>(tSrS, tdVrP);
     convert_pairs<Element>(tSrdP, tdKrdS);
     if (accumulate_dq) {

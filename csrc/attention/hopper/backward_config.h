@@ -35,15 +35,24 @@ constexpr int backward_block_n(int64_t head_dim) {
   return backward_splits_columns(head_dim) ? 64 : 128;
 }
 
+// Whether the tiles' rows are whole 128-byte swizzle atoms (64 16-bit elements); otherwise the
+// atoms are 64 bytes (32 elements) wide (head dim 96).
+constexpr bool backward_has_wide_atoms(int64_t head_dim) { return head_dim % 64 == 0; }
+
 // Who computes a step's dQ = dS K (it needs both consumer warpgroups' halves of dS): at head
 // dim 64 the warpgroups take turns, one computing the whole of it while the other runs ahead
 // into its next step (1.02-1.06x the split below, H200, benchmarks/NOTES.md stop 24); at 128
 // both meet at a barrier every step and compute half each (there the turns measured 0.95-0.98x).
-// Head dim 96 takes turns too: its halves would be 48 columns of K^T, whose 64-byte swizzle atoms
-// (96 is not a multiple of 64 elements) are 32 columns wide, so a half would start inside one.
-constexpr bool backward_alternates_dq(int64_t head_dim) { return head_dim <= 64 || head_dim == 96; }
-// Head dims where both dQ schedules compile (the tuning build's SAMATTN_HOPPER_BWD_VARIANT).
-constexpr bool backward_has_variants(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+// With 64-byte atoms the halves of K^T would start inside an atom (head dim 96: 48 of the
+// atoms' 32 columns), which a wgmma descriptor cannot address, so those head dims take turns.
+constexpr bool backward_alternates_dq(int64_t head_dim) {
+  return head_dim <= 64 || !backward_has_wide_atoms(head_dim);
+}
+// Head dims where both dQ schedules compile (the tuning build's SAMATTN_HOPPER_BWD_VARIANT): not
+// the column split's, which has one, nor those whose halves would split an atom.
+constexpr bool backward_has_variants(int64_t head_dim) {
+  return !backward_splits_columns(head_dim) && backward_has_wide_atoms(head_dim);
+}
 
 // The split schedule at 64 query rows a step (head dim 128) issues a step's dQ one step late,
 // after the next step's softmax: a warpgroup then waits only for the other's dS of the previous
@@ -89,7 +98,9 @@ struct BackwardConfig {
 // head_dim floats, fragment f at f * backward_dq_fragment_floats floats. Rows are padded to
 // whole blocks.
 inline constexpr int kDqFragmentRows = 64;
-constexpr int backward_dq_fragment_cols(int64_t head_dim) { return head_dim % 64 == 0 ? 64 : 32; }
+constexpr int backward_dq_fragment_cols(int64_t head_dim) {
+  return backward_has_wide_atoms(head_dim) ? 64 : 32;
+}
 constexpr int backward_dq_fragment_floats(int64_t head_dim) {
   return kDqFragmentRows * backward_dq_fragment_cols(head_dim);
 }

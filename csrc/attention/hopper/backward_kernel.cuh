@@ -573,17 +573,23 @@ __device__ __forceinline__ auto operand_descriptors(typename T::SharedStorage& s
                     dq.partition_fragment_A(sdS), dq.partition_fragment_B(sKt));
 }
 
-// A step's S^T and dP^T wgmmas (issued in that order) become P^T = exp2(S^T scale log2 e - lse
-// log2 e), masked, and dS^T = P^T (dP^T - D), in place: waits for each product as it needs it.
-// The warpgroup's 64 keys start at key_begin; local_key holds the block rows (from n_begin) of a
-// thread's two accumulator rows.
-template <typename T, typename Accumulator, typename Coordinates>
+// Issues a step's S^T = K Q^T and dP^T = V dO^T wgmmas (Q and dO: the stage's operands, which
+// have landed) and turns them into P^T = exp2(S^T scale log2 e - lse log2 e), masked, and
+// dS^T = P^T (dP^T - D), in place, waiting for each product as it needs it (nothing else may be
+// in flight: the waits count these two groups). The warpgroup's 64 keys start at key_begin;
+// local_key holds the block rows (from n_begin) of a thread's two accumulator rows.
+template <typename T, typename Mma, typename KeyOperand, typename QueryOperand,
+          typename Accumulator, typename Coordinates>
 __device__ __forceinline__ void softmax_gradients(
-    Accumulator& tSrS, Accumulator& tSrdP, const Coordinates& tScS, const int (&local_key)[2],
-    int64_t key_begin, int64_t m_begin, int64_t n_begin, const detail::ForwardKernelParams& f,
-    float scale_log2, const float* lse_log2, const float* delta) {
+    Mma& mma_sdp, const KeyOperand& tSrK, const KeyOperand& tSrV, const QueryOperand& tSrQ,
+    const QueryOperand& tSrdO, Accumulator& tSrS, Accumulator& tSrdP, const Coordinates& tScS,
+    const int (&local_key)[2], int64_t key_begin, int64_t m_begin, int64_t n_begin,
+    const detail::ForwardKernelParams& f, float scale_log2, const float* lse_log2,
+    const float* delta) {
   using namespace cute;
   constexpr int kBlockM = T::kBlockM;
+  issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrK, tSrQ, tSrS);
+  issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO, tSrdP);
   // Key n is visible to query m iff n < kept_keys and (causal) n * kv_stride <= m: in S^T, row
   // n's visible columns start at first_visible. Only blocks crossing the end of the keys or the
   // causal diagonal need the test.
@@ -743,12 +749,9 @@ __device__ __forceinline__ void consume(const KernelParams<T>& params,
     static_assert(size<2>(decltype(tdVrP){}) == kBlockM / 16, "one P^T k-block per 16 queries");
 
     shared.full[stage].wait(phase);
-    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, stage),
-                                                            tSrS);
-    issue_gemm</*kZeroInit=*/true, /*kAInRegisters=*/false>(mma_sdp, tSrV, tSrdO(_, _, _, stage),
-                                                            tSrdP);
-    softmax_gradients<T>(tSrS, tSrdP, tScS, local_key, key_begin, m_begin, work.n_begin, f,
-                         scale_log2, shared.lse_log2[stage], shared.delta[stage]);
+    softmax_gradients<T>(mma_sdp, tSrK, tSrV, tSrQ(_, _, _, stage), tSrdO(_, _, _, stage), tSrS,
+                         tSrdP, tScS, local_key, key_begin, m_begin, work.n_begin, f, scale_log2,
+                         shared.lse_log2[stage], shared.delta[stage]);
     // Nothing is in flight here, so S^T and dP^T (64 fp32 registers) become the 16-bit P^T and
     // dS^T (16 registers) before the next GEMMs take registers.
     convert_pairs<Element>(tSrS, tdVrP);
