@@ -99,6 +99,7 @@ ENTRY1 = "entry1"
 COLUMN_HEAD_DIMS = {ENTRY1: (64,)}
 ABLATION_COLUMNS = {"no_pingpong": "-pp", "no_staged_store": "-ss", "static_schedule": "-dyn",
                     "wide_first_block": "-nb", "no_lookahead": "-la", "paired_tail": "-pt",
+                    "partial_last_tile": "-plt",
                     CONTROL: "-aa", ENTRY0: "-e0", ENTRY1: "-e1"}
 # The variables each of those columns runs under (an ablation: SAMATTN_HOPPER_ABLATION=name).
 ABLATION_ENVIRONMENT = {**{a: {"SAMATTN_HOPPER_ABLATION": a} for a in ABLATION_COLUMNS},
@@ -419,7 +420,8 @@ def main(argv=None) -> int:
                         choices=list(ABLATION_COLUMNS),
                         help="also the Hopper path without ping-pong / O staged through "
                              "shared memory / the work counter / the narrow first block / the "
-                             "tile lookahead / the causal tail of single tiles; control: the "
+                             "tile lookahead / the causal tail of single tiles / the short "
+                             "causal tile first (partial_last_tile); control: the "
                              "default path again (an A/A column); entry0: entry 0 of the tile "
                              "table forced, against the shape rules; entry1: head dim 64's "
                              "entry 1 forced (head dim 64 rows only)")

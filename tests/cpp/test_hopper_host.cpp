@@ -365,6 +365,7 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
   EXPECT_TRUE(defaults.list_under_coords);
   EXPECT_TRUE(defaults.tile_lookahead);
   EXPECT_TRUE(defaults.tail_singles);
+  EXPECT_TRUE(defaults.partial_first_tile);
   const ForwardKernelOptions q_after_list = with("q_after_list");
   EXPECT_FALSE(q_after_list.q_before_list);
   EXPECT_TRUE(q_after_list.lean_mask);
@@ -379,6 +380,11 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
   EXPECT_FALSE(paired_tail.tail_singles);
   EXPECT_TRUE(paired_tail.tile_lookahead);
   EXPECT_TRUE(paired_tail.dynamic_schedule);
+  EXPECT_TRUE(paired_tail.partial_first_tile);
+  const ForwardKernelOptions partial_last_tile = with("partial_last_tile");
+  EXPECT_FALSE(partial_last_tile.partial_first_tile);
+  EXPECT_TRUE(partial_last_tile.tail_singles);
+  EXPECT_TRUE(partial_last_tile.tile_lookahead);
   const ForwardKernelOptions both = with("scaled_mask,list_after_coords");
   EXPECT_FALSE(both.lean_mask);
   EXPECT_FALSE(both.list_under_coords);
@@ -395,6 +401,7 @@ TEST(HopperOptions, AblationsFromTheEnvironment) {
     EXPECT_NE(message.find("scaled_mask"), std::string::npos) << message;
     EXPECT_NE(message.find("no_lookahead"), std::string::npos) << message;
     EXPECT_NE(message.find("paired_tail"), std::string::npos) << message;
+    EXPECT_NE(message.find("partial_last_tile"), std::string::npos) << message;
   }
   unsetenv("SAMATTN_HOPPER_ABLATION");
 }

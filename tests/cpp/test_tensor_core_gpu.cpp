@@ -372,7 +372,13 @@ std::vector<Case> hopper_cases() {
     list.push_back({"sq129_sk1000_causal" + dim, {1, 2, 2, 129, 1000, d, d}, true});
     list.push_back({"gqa_8to1_kv_stride3" + dim, {1, 8, 1, 77, 700, d, d}, false, 3});
     list.push_back({"seq_major_kv_stride4_causal" + dim, {2, 2, 2, 300, 300, d, d}, true, 4, true});
+    // 1050 rows: the causal tiles start 64 rows before row 0 (TileGeometry::tile_row_shift), so
+    // the first tile's warpgroup 0 has no row; with 128-row tiles its O is staged and stored by
+    // TMA (head dim 128's short entry).
+    list.push_back({"causal_first_tile_shifted" + dim, {1, 2, 2, 1050, 1100, d, d}, true});
   }
+  // Head dim 64's 192-row tiles at causal S = 1024: shifted by 128 rows, two idle warpgroups.
+  list.push_back({"causal_1024_two_idle_warpgroups_d64", {1, 2, 1, 1024, 1024, 64, 64}, true});
   // The persistent grid (one block per SM, 132 on an H100): more work units than blocks with
   // short keys, causal pairs with an odd tile count per head, GQA 8:1 with kv_stride and causal
   // over many heads, and a single tile (a one-block grid).
@@ -536,6 +542,36 @@ TEST(HopperGpuRuns, CausalTailOfSingleTilesIsBitIdentical) {
         EXPECT_EQ(run_with(schedule + "paired_tail").bytes, run_with(schedule).bytes);
       }
     }
+  }
+}
+
+// The short causal tile first (tiles shifted up to block_m - 64 rows before row 0) only changes
+// which tile and warpgroup compute a row, not the row's arithmetic: each warpgroup still owns
+// 64 rows starting at a multiple of 64, so its key blocks, masks and narrow first block are the
+// same. The partial causal tiles above (shift 64 at every head dim), then head dim 64's
+// 192-row tiles shifted by 128 (S = 1024) and by 64 (S = 2048), with more units than SMs,
+// grouped heads, kv_stride 2 and Sq != Sk.
+TEST(HopperGpuRuns, PartialFirstTileIsBitIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  expect_ablation_bit_identical("partial_last_tile");
+  struct ShiftedCase {
+    Shape shape;
+    int64_t kv_stride;
+  };
+  const ShiftedCase cases[] = {{{2, 16, 4, 1024, 1024, 64, 64}, 1},
+                               {{2, 8, 8, 2048, 2048, 64, 64}, 1},
+                               {{2, 16, 4, 1050, 1050, 128, 128}, 1},
+                               {{2, 8, 2, 1000, 2000, 64, 64}, 2},
+                               {{1, 4, 4, 1100, 700, 192, 192}, 1}};
+  for (const ShiftedCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "head dim " << c.shape.head_dim << " sq "
+                                      << c.shape.seqlen_q << " kv_stride " << c.kv_stride);
+    Problem pb(c.shape, DType::kBFloat16);
+    pb.params.causal = true;
+    pb.params.kv_stride = c.kv_stride;
+    const HostTensor with = run_on_device(pb, Backend::kHopper, nullptr);
+    const ScopedHopperAblation off("partial_last_tile");
+    EXPECT_EQ(run_on_device(pb, Backend::kHopper, nullptr).bytes, with.bytes);
   }
 }
 

@@ -259,6 +259,13 @@ struct ForwardKernelOptions {
   // heaviest first, rather than in pairs (forward_scheduler.h; "paired_tail": pairs to the end,
   // as until stop 39).
   bool tail_singles = true;
+  // Causal calls without a window, block map or varlen batch: when seqlen_q is not a multiple of
+  // the tile's rows, the tiles start up to block_m - 64 rows before row 0 (a multiple of 64,
+  // TileGeometry::tile_row_shift), so that the tile short of rows is the first, which walks the
+  // fewest key blocks, and not the last, which walks them all with most of its warpgroups idle
+  // (head dim 64's 192-row tiles at causal S = 1k: 27 tile key blocks a head against 32, and no
+  // 8-block tile run by one warpgroup; "partial_last_tile": the short tile last, as until stop 48).
+  bool partial_first_tile = true;
 };
 
 // Block-sparse calls (a block map): the kernel keeps, per Q buffer, one bit per key block for

@@ -427,15 +427,18 @@ __device__ __forceinline__ void consumer_loop(
         using Rows = typename Traits::OStageRows;
         Tensor mO = params.tma_o.get_tma_tensor(params.shape_o);
         // Rows past seqlen_q fall outside the descriptor's extent: the copy engine skips them.
-        // Never varlen here, so the tensors' batch coordinate is c.b.
-        Tensor gO =
-            local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
-                       make_coord(c.m_block * Traits::kConsumerWarpgroups + warpgroup, _0{}));
-        Tensor sOwn =
-            local_tile(sO, Shape<Rows, typename Traits::HeadDim>{}, make_coord(warpgroup, _0{}));
-        auto o_copy = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwn),
-                                    group_modes<0, 2>(gO));
-        copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));
+        // Never varlen here, so the tensors' batch coordinate is c.b. A warpgroup whose rows lie
+        // before row 0 (a shifted first tile) stores nothing, but commits its empty group.
+        const int32_t own_first_row = c.m_begin + warpgroup_first_row;
+        if (own_first_row >= 0) {
+          Tensor gO = local_tile(mO(_, _, c.h, c.b), Shape<Rows, typename Traits::HeadDim>{},
+                                 make_coord(own_first_row / Rows{}, _0{}));
+          Tensor sOwn =
+              local_tile(sO, Shape<Rows, typename Traits::HeadDim>{}, make_coord(warpgroup, _0{}));
+          auto o_copy = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwn),
+                                      group_modes<0, 2>(gO));
+          copy(params.tma_o, get<1>(o_copy), get<0>(o_copy));
+        }
         tma_store_arrive();
       } else {
         shared.barrier_q_empty[t.q_buffer].arrive();
@@ -457,7 +460,7 @@ __device__ __forceinline__ void consumer_loop(
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int row = get<0>(tOcO(2 * r));
-        row_in_tile[r] = row < c.rows;
+        row_in_tile[r] = row < c.rows && c.m_begin + row >= 0;
         row_ptr[r] = out + (row * p.o_row_stride + first_col) * out_bytes;
       }
       CUTE_UNROLL
@@ -479,7 +482,7 @@ __device__ __forceinline__ void consumer_loop(
                    int64_t{c.h} * p.lse_head_stride + first_row;
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        if (local_row[r] < c.rows) {
+        if (local_row[r] < c.rows && c.m_begin + local_row[r] >= 0) {
           lse[local_row[r]] =
               total[r] == 0.f ? -INFINITY : (softmax.row_max[r] + log2f(total[r])) * kLn2;
         }

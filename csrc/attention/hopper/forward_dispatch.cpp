@@ -190,12 +190,14 @@ ForwardKernelOptions forward_options_from_environment() {
       options.tile_lookahead = false;
     } else if (item == "paired_tail") {
       options.tail_singles = false;
+    } else if (item == "partial_last_tile") {
+      options.partial_first_tile = false;
     } else if (!item.empty()) {
       SAMATTN_CHECK(false,
                     "SAMATTN_HOPPER_ABLATION must be a comma-separated list of "
                     "no_pingpong, no_staged_store, static_schedule, wide_first_block, "
                     "list_after_coords, q_after_list, scaled_mask, no_lookahead, "
-                    "paired_tail and varlen_block_per_unit, got '",
+                    "paired_tail, partial_last_tile and varlen_block_per_unit, got '",
                     value, "'");
     }
   }

@@ -158,6 +158,12 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
   const bool staircase = p.staircase_keys > 0;
   const int64_t rows_per_step =
       staircase ? p.staircase_rows : std::min(p.kv_stride, std::max<int64_t>(p.seqlen_q, 1));
+  // The short causal tile first (ForwardKernelOptions::partial_first_tile): its rows before row
+  // 0 make whole warpgroups without rows, which the consumers skip.
+  const bool shift_tiles =
+      options.partial_first_tile && p.causal && !p.has_policy && p.block_map == nullptr && !varlen;
+  const int64_t rows_past_end = int64_t{schedule.m_blocks} * Traits::kBlockM - p.seqlen_q;
+  const int64_t tile_row_shift = shift_tiles ? rows_past_end / 64 * 64 : 0;
   // supports() has bounded every extent by 2^31 - 1.
   const TileGeometry geometry{
       static_cast<int32_t>(p.seqlen_q),
@@ -173,7 +179,8 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       p.cu_seqlens_q,
       p.cu_seqlens_k,
       static_cast<int32_t>(p.total_q),
-      static_cast<int32_t>(p.total_k)};
+      static_cast<int32_t>(p.total_k),
+      static_cast<int32_t>(tile_row_shift)};
   HopperForwardParams<Element, kHeadDim, kVariant> params{
       p,
       geometry,

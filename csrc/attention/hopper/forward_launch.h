@@ -24,9 +24,8 @@ Status supports(const AttentionParams& params);
 // The kernel options from SAMATTN_HOPPER_ABLATION: unset or empty for the default, or a
 // comma-separated list of "no_pingpong", "no_staged_store", "static_schedule",
 // "wide_first_block", "list_after_coords", "q_after_list", "scaled_mask", "no_lookahead",
-// "paired_tail" and "varlen_block_per_unit" that switches those features (for benchmarks;
-// forward_config.h).
-// Throws samattn::Error naming the variable on anything else.
+// "paired_tail", "partial_last_tile" and "varlen_block_per_unit" that switches those features (for
+// benchmarks; forward_config.h). Throws samattn::Error naming the variable on anything else.
 ForwardKernelOptions forward_options_from_environment();
 
 // The tile variant from SAMATTN_HOPPER_TILE (benchmarks): unset or empty for `fallback` (the

@@ -91,7 +91,10 @@ __device__ __forceinline__ void producer_loop(
   // ahead to).
   auto issue_q = [&](const TileCoords& c, int q_buffer, int iteration) {
     // A varlen sequence starts at any row of the packed tensors: its tiles are offset from it.
-    Tensor gQ = local_tile(domain_offset(make_coord(c.q_row0, _0{}), mQ(_, _, c.h, c.b_tensor)),
+    // Shifted tiles (TileGeometry::tile_row_shift) start before row 0: the copy engine fills
+    // rows outside the tensor with zeros.
+    const int32_t first_row = c.q_row0 - params.geometry.tile_row_shift;
+    Tensor gQ = local_tile(domain_offset(make_coord(first_row, _0{}), mQ(_, _, c.h, c.b_tensor)),
                            Shape<typename Traits::BlockM, typename Traits::HeadDim>{},
                            make_coord(c.m_block, _0{}));
     auto q_copy = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),

@@ -195,6 +195,12 @@ struct TileGeometry {
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   int32_t total_q, total_k;
+  // Query tile m covers rows [m * block_m - tile_row_shift, ...): a multiple of 64 below the
+  // rows the last tile has past seqlen_q, so that the causal tile short of rows is the first,
+  // which walks the fewest key blocks, rather than the last, which walks them all
+  // (forward_config.h's ForwardKernelOptions::partial_first_tile). Rows before 0 belong to no
+  // warpgroup.
+  int32_t tile_row_shift;
 };
 
 template <typename Element, int kHeadDim, int kVariant>
@@ -243,8 +249,8 @@ struct TileCoords {
   int32_t q_row0;    // the sequence's first q/out row (0 unless varlen)
   int32_t k_row0;    // the sequence's first k/v row (0 unless varlen)
   int32_t m_block;
-  int32_t m_begin;   // first query row, counted from the sequence's start
-  int32_t rows;      // valid query rows in the tile; <= 0: the tile lies past its sequence
+  int32_t m_begin;   // first query row, counted from the sequence's start (< 0: tile_row_shift)
+  int32_t rows;      // rows from m_begin up to seqlen_q; <= 0: the tile lies past its sequence
   int32_t n_first;   // the first key block any row sees (0 without a window)
   int32_t n_blocks;  // key blocks n_first, n_first + 1, ...: walked from the last to the first
 };
@@ -403,7 +409,7 @@ __device__ __forceinline__ TileCoords tile_coords(const TileGeometry& call, Quer
   c.k_row0 = span.k_row0;
   const TileGeometry g = sequence_geometry(call, span);
   c.m_block = tile.m_block;
-  c.m_begin = tile.m_block * kBlockM;
+  c.m_begin = tile.m_block * kBlockM - call.tile_row_shift;
   c.rows = min(kBlockM, g.seqlen_q - c.m_begin);
   if (c.rows <= 0) {
     c.n_first = 0;
@@ -426,10 +432,10 @@ __device__ __forceinline__ TileCoords tile_coords(const TileGeometry& call, Quer
 
 // One past the last key the rows [first_row, first_row + 64) of one consumer warpgroup of tile c
 // see: their last row's causal diagonal or window end; 0 when all of them lie past the
-// sequence's end.
+// sequence's end or before its start (a shifted first tile's, TileGeometry::tile_row_shift).
 __device__ __forceinline__ int32_t warpgroup_key_end(const TileGeometry& g, const TileCoords& c,
                                                      int32_t first_row) {
-  if (first_row >= c.m_begin + c.rows) return 0;
+  if (first_row < 0 || first_row >= c.m_begin + c.rows) return 0;
   const int32_t last_row = min(first_row + 63, c.m_begin + c.rows - 1);
   return g.windowed ? static_cast<int32_t>(window_key_span(g, last_row).end)
                     : row_key_end(g, last_row);
