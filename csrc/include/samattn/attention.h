@@ -112,12 +112,12 @@ struct AttentionBackwardParams {
   // lse are those the forward wrote (lse is required by attention_backward; the reference
   // recomputes the probabilities and ignores it). D is computed from `out` as given.
   // forward.backend also picks the backward's kernels: kAuto runs the Hopper backward (sm_90a
-  // wgmma + TMA) for float16/bfloat16 with equal head dims of 64 or 128 on compute capability
-  // 9.0, else the tensor-core backward for float16/bfloat16 on sm80+ with equal head dims of 32,
-  // 64, 96 or 128 (16-byte aligned pointers and strides), else the SIMT kernels; kSimt (or
+  // wgmma + TMA) for float16/bfloat16 with equal head dims of 64, 96, 128, 192 or 256 on compute
+  // capability 9.0 (no mask options), else the tensor-core backward for float16/bfloat16 on
+  // sm80+ with equal head dims of 32, 64, 96, 128, 192 or 256 (16-byte aligned pointers and
+  // strides; with mask options and varlen, its masked kernels), else the SIMT kernels; kSimt (or
   // SAMATTN_FORCE_SIMT=1) forces SIMT; kHopper and kTensorCore throw, naming the reason, when
-  // that backward cannot run. Mask options and varlen always run on SIMT.
-  // select_backward_backend() reports the choice.
+  // that backward cannot run. select_backward_backend() reports the choice.
   AttentionParams forward;
 
   // dL/dout, (B, Hq, Sq, Dv) in forward.dtype, last dimension contiguous.
