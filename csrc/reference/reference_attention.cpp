@@ -24,7 +24,8 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
   const detail::SequenceRows rows = detail::sequence_rows(p, b);
   const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
   // Varlen tensors have batch stride 0: the sequence's first row locates it.
-  const int64_t q_base = b * p.q_strides.batch + h * p.q_strides.head + rows.q_row0 * p.q_strides.seq;
+  const int64_t q_base =
+      b * p.q_strides.batch + h * p.q_strides.head + rows.q_row0 * p.q_strides.seq;
   const int64_t k_base =
       b * p.k_strides.batch + hk * p.k_strides.head + rows.k_row0 * p.k_strides.seq;
   const int64_t v_base =
@@ -36,6 +37,13 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
   scores.assign(rows.seqlen_k, neg_inf);
   std::vector<char> visible(rows.seqlen_k);
   std::vector<double> accum(p.head_dim_v);
+  const int64_t qk_dim = p.head_dim, v_dim = p.head_dim_v;
+  const std::vector<double> q =
+      detail::rows_as_double(p.q, p.dtype, q_base, p.q_strides.seq, rows.seqlen_q, qk_dim);
+  const std::vector<double> k =
+      detail::rows_as_double(p.k, p.dtype, k_base, p.k_strides.seq, rows.seqlen_k, qk_dim);
+  const std::vector<double> v =
+      detail::rows_as_double(p.v, p.dtype, v_base, p.v_strides.seq, rows.seqlen_k, v_dim);
 
   for (int64_t i = 0; i < rows.seqlen_q; ++i) {
     double row_max = neg_inf;
@@ -44,10 +52,7 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
       visible[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias);
       if (!visible[j]) continue;
       double dot = 0.0;
-      for (int64_t d = 0; d < p.head_dim; ++d) {
-        dot += detail::load_as_double(p.q, q_base + i * p.q_strides.seq + d, p.dtype) *
-               detail::load_as_double(p.k, k_base + j * p.k_strides.seq + d, p.dtype);
-      }
+      for (int64_t d = 0; d < qk_dim; ++d) dot += q[i * qk_dim + d] * k[j * qk_dim + d];
       scores[j] = dot * scale + bias;
       row_max = nan_propagating_max(row_max, scores[j]);
     }
@@ -59,10 +64,7 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
         if (!visible[j]) continue;
         const double weight = std::exp(scores[j] - row_max);
         row_sum += weight;
-        for (int64_t d = 0; d < p.head_dim_v; ++d) {
-          accum[d] +=
-              weight * detail::load_as_double(p.v, v_base + j * p.v_strides.seq + d, p.dtype);
-        }
+        for (int64_t d = 0; d < v_dim; ++d) accum[d] += weight * v[j * v_dim + d];
       }
     }
     for (int64_t d = 0; d < p.head_dim_v; ++d) {

@@ -20,8 +20,7 @@ namespace {
 
 // A (B, H, S, D) tensor's element (b, h, s, d) through its strides; varlen tensors (batch
 // stride 0) reach sequence b's rows through row0.
-int64_t offset(const Strides& s, int64_t b, int64_t h, int64_t row, int64_t col,
-               int64_t row0 = 0) {
+int64_t offset(const Strides& s, int64_t b, int64_t h, int64_t row, int64_t col, int64_t row0 = 0) {
   return b * s.batch + h * s.head + (row0 + row) * s.seq + col;
 }
 
@@ -37,9 +36,20 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
   std::vector<double> dk(sk * d, 0.0), dv(sk * dv_dim, 0.0), dq(d);
   std::vector<double> prob(sk), ds(sk);
   std::vector<char> visible(sk);
+  const int64_t sq = rows.seqlen_q;
+  const std::vector<double> k =
+      detail::rows_as_double(p.k, t, offset(p.k_strides, b, hk, 0, 0, k0), p.k_strides.seq, sk, d);
+  const std::vector<double> v = detail::rows_as_double(p.v, t, offset(p.v_strides, b, hk, 0, 0, k0),
+                                                       p.v_strides.seq, sk, dv_dim);
 
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int64_t i = 0; i < rows.seqlen_q; ++i) {
+    const std::vector<double> q =
+        detail::rows_as_double(p.q, t, offset(p.q_strides, b, h, 0, 0, q0), p.q_strides.seq, sq, d);
+    const std::vector<double> dout = detail::rows_as_double(
+        bp.dout, t, offset(bp.dout_strides, b, h, 0, 0, q0), bp.dout_strides.seq, sq, dv_dim);
+    const std::vector<double> out = detail::rows_as_double(
+        p.out, t, offset(p.out_strides, b, h, 0, 0, q0), p.out_strides.seq, sq, dv_dim);
+    for (int64_t i = 0; i < sq; ++i) {
       // Softmax over the visible keys, in double.
       double row_max = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < sk; ++j) {
@@ -47,10 +57,7 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
         visible[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias);
         if (!visible[j]) continue;
         double dot = 0.0;
-        for (int64_t c = 0; c < d; ++c) {
-          dot += detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c, q0), t) *
-                 detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c, k0), t);
-        }
+        for (int64_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
         prob[j] = dot * scale + bias;
         row_max = std::max(row_max, prob[j]);
       }
@@ -63,25 +70,20 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
           row_sum += prob[j];
         }
         double delta = 0.0;
-        for (int64_t c = 0; c < dv_dim; ++c) {
-          delta += detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c, q0), t) *
-                   detail::load_as_double(p.out, offset(p.out_strides, b, h, i, c, q0), t);
-        }
+        for (int64_t c = 0; c < dv_dim; ++c) delta += dout[i * dv_dim + c] * out[i * dv_dim + c];
         for (int64_t j = 0; j < sk; ++j) {
           if (!visible[j]) continue;
           prob[j] /= row_sum;
           double dp = 0.0;
           for (int64_t c = 0; c < dv_dim; ++c) {
-            const double g =
-                detail::load_as_double(bp.dout, offset(bp.dout_strides, b, h, i, c, q0), t);
-            dp += g * detail::load_as_double(p.v, offset(p.v_strides, b, hk, j, c, k0), t);
+            const double g = dout[i * dv_dim + c];
+            dp += g * v[j * dv_dim + c];
             dv[j * dv_dim + c] += prob[j] * g;
           }
           ds[j] = prob[j] * (dp - delta);
           for (int64_t c = 0; c < d; ++c) {
-            dq[c] += ds[j] * detail::load_as_double(p.k, offset(p.k_strides, b, hk, j, c, k0), t);
-            dk[j * d + c] +=
-                ds[j] * detail::load_as_double(p.q, offset(p.q_strides, b, h, i, c, q0), t);
+            dq[c] += ds[j] * k[j * d + c];
+            dk[j * d + c] += ds[j] * q[i * d + c];
           }
         }
       }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "attention/mask_policy.h"
 #include "common/host_float.h"
@@ -23,6 +24,21 @@ inline SequenceRows sequence_rows(const AttentionParams& p, int64_t b) {
   if (!p.mask.is_varlen()) return {0, 0, p.seqlen_q, p.seqlen_k};
   const int64_t q0 = p.mask.cu_seqlens_q[b], k0 = p.mask.cu_seqlens_k[b];
   return {q0, k0, p.mask.cu_seqlens_q[b + 1] - q0, p.mask.cu_seqlens_k[b + 1] - k0};
+}
+
+// `rows` rows of `cols` elements of a tensor in `dtype`, the first at element `first`, the next
+// `row_stride` elements on, as contiguous doubles (row-major). The references convert a slice's
+// rows once rather than per product: loading and converting each element inside the dot
+// products took most of their time. The conversion is exact, so the sums are the same.
+inline std::vector<double> rows_as_double(const void* base, DType dtype, int64_t first,
+                                          int64_t row_stride, int64_t rows, int64_t cols) {
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = load_as_double(base, first + r * row_stride + c, dtype);
+    }
+  }
+  return out;
 }
 
 // Offset of row `row` of sequence `b`'s lse: (B, Hq, Sq) dense, (Hq, total_q) varlen.
@@ -50,9 +66,9 @@ inline double load_mask_value(const MaskOptions& m, int64_t offset) {
 }
 
 // What query i of sequence (b, h) adds to its score with key j: -inf when the key is hidden
-// (kv_stride, causal, window, pattern, an unlisted block, a false boolean mask), otherwise the additive mask value
-// (0 without one). `hidden` is set when the key takes no part in the softmax at all; an
-// additive -inf leaves the key in the row but with weight 0, which is the same thing.
+// (kv_stride, causal, window, pattern, an unlisted block, a false boolean mask), otherwise the
+// additive mask value (0 without one). `hidden` is set when the key takes no part in the softmax at
+// all; an additive -inf leaves the key in the row but with weight 0, which is the same thing.
 inline bool reference_key_bias(const AttentionParams& p, const MaskPolicy& policy, int64_t b,
                                int64_t h, int64_t i, int64_t j, double& bias) {
   bias = 0.0;
@@ -61,7 +77,8 @@ inline bool reference_key_bias(const AttentionParams& p, const MaskPolicy& polic
   if (p.mask.has_block_map()) {
     const MaskOptions& m = p.mask;
     const int64_t entry = b * m.block_batch_stride + h * m.block_head_stride +
-                          (i / m.block_q) * m.block_row_stride + (j / m.block_k) * m.block_col_stride;
+                          (i / m.block_q) * m.block_row_stride +
+                          (j / m.block_k) * m.block_col_stride;
     if (m.block_map[entry] == 0) return false;
   }
   if (p.mask.has_element_mask()) {
