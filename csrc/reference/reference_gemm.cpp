@@ -13,16 +13,27 @@ void reference_gemm(const GemmParams& params) {
   p.backend = GemmBackend::kAuto;  // the reference has no kernel families to choose from
   const Status status = can_implement_gemm(p);
   if (!status.ok()) throw Error(status.message());
+  if (p.m == 0 || p.n == 0) return;  // nothing to write (and A or B may be empty)
+  // Each batch's A (m x k) and B^T (n x k) as contiguous doubles, converted once rather than per
+  // product (the conversion is exact and the sums keep their order, so the result is the same).
+  std::vector<double> a(p.m * p.k), b_t(p.n * p.k);
   for (int64_t l = 0; l < p.batch; ++l) {
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t q = 0; q < p.k; ++q) {
+        a[i * p.k + q] = detail::load_as_double(
+            p.a, l * p.a_batch_stride + i * p.a_row_stride + q * p.a_col_stride, p.dtype);
+      }
+    }
+    for (int64_t q = 0; q < p.k; ++q) {
+      for (int64_t j = 0; j < p.n; ++j) {
+        b_t[j * p.k + q] = detail::load_as_double(
+            p.b, l * p.b_batch_stride + q * p.b_row_stride + j * p.b_col_stride, p.dtype);
+      }
+    }
     for (int64_t i = 0; i < p.m; ++i) {
       for (int64_t j = 0; j < p.n; ++j) {
         double sum = 0.0;
-        for (int64_t q = 0; q < p.k; ++q) {
-          sum += detail::load_as_double(
-                     p.a, l * p.a_batch_stride + i * p.a_row_stride + q * p.a_col_stride, p.dtype) *
-                 detail::load_as_double(
-                     p.b, l * p.b_batch_stride + q * p.b_row_stride + j * p.b_col_stride, p.dtype);
-        }
+        for (int64_t q = 0; q < p.k; ++q) sum += a[i * p.k + q] * b_t[j * p.k + q];
         const int64_t c_offset = l * p.c_batch_stride + i * p.c_row_stride + j * p.c_col_stride;
         // beta == 0 never reads C, so a NaN there does not propagate (BLAS semantics).
         double value = p.alpha * sum;
