@@ -44,9 +44,22 @@ double round_to_tf32(double x) {
 // The type the tensor-core path rounds operands to: the input type, or TF32 for float32.
 double round_operand(DType dtype, double x) {
   if (dtype == DType::kFloat32) return round_to_tf32(x);
-  HostTensor one(dtype, 1);
-  one.set(0, x);
-  return one.get(0);
+  uint64_t one = 0;  // room for one element of any dtype, without a heap allocation per call
+  detail::store_from_double(&one, 0, dtype, x);
+  return detail::load_as_double(&one, 0, dtype);
+}
+
+// Rows [0, rows) of a (B, H, S, D) host tensor's slice (b, h), each element rounded to the
+// operand type, as contiguous doubles: rounded once per slice rather than once per product.
+std::vector<double> operand_rows(const HostTensor& t, DType dtype, const Strides& s, int64_t b,
+                                 int64_t h, int64_t rows, int64_t cols) {
+  std::vector<double> out(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = round_operand(dtype, t.get(b * s.batch + h * s.head + r * s.seq + c));
+    }
+  }
+  return out;
 }
 
 struct Emulated {
@@ -62,14 +75,18 @@ Emulated low_precision_reference(const Problem& pb) {
   const AttentionParams& p = pb.params;
   const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  const auto operand = [&](const HostTensor& t, int64_t i) {
-    return round_operand(pb.dtype, t.get(i));
-  };
+  const int64_t qk_dim = p.head_dim, v_dim = p.head_dim_v;
   Emulated result{HostTensor(pb.dtype, pb.out.size()), {}};
   std::vector<double> scores(p.seqlen_k), accum(p.head_dim_v);
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
+      const std::vector<double> q =
+          operand_rows(pb.q, pb.dtype, p.q_strides, b, h, p.seqlen_q, qk_dim);
+      const std::vector<double> k =
+          operand_rows(pb.k, pb.dtype, p.k_strides, b, hk, p.seqlen_k, qk_dim);
+      const std::vector<double> v =
+          operand_rows(pb.v, pb.dtype, p.v_strides, b, hk, p.seqlen_k, v_dim);
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const auto visible = [&](int64_t j) {
           return j % p.kv_stride == 0 && (!p.causal || j <= i);
@@ -78,12 +95,7 @@ Emulated low_precision_reference(const Problem& pb) {
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(j)) continue;
           double dot = 0;
-          for (int64_t d = 0; d < p.head_dim; ++d) {
-            dot += operand(pb.q,
-                           b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
-                   operand(pb.k,
-                           b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
-          }
+          for (int64_t d = 0; d < qk_dim; ++d) dot += q[i * qk_dim + d] * k[j * qk_dim + d];
           scores[j] = dot * scale;
           if (std::isnan(scores[j]) || scores[j] > row_max) row_max = scores[j];
         }
@@ -95,10 +107,7 @@ Emulated low_precision_reference(const Problem& pb) {
             const double weight = std::exp(scores[j] - row_max);
             const double rounded = round_operand(pb.dtype, weight);
             sum += weight;
-            for (int64_t d = 0; d < p.head_dim_v; ++d) {
-              accum[d] += rounded * operand(pb.v, b * p.v_strides.batch + hk * p.v_strides.head +
-                                                      j * p.v_strides.seq + d);
-            }
+            for (int64_t d = 0; d < v_dim; ++d) accum[d] += rounded * v[j * v_dim + d];
           }
         }
         const int64_t o = b * p.out_strides.batch + h * p.out_strides.head + i * p.out_strides.seq;
