@@ -65,7 +65,6 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
   const auto at = [](const Strides& s, int64_t b, int64_t h, int64_t row) {
     return b * s.batch + h * s.head + row * s.seq;
   };
-  const auto load = [&](const void* base, int64_t i) { return detail::load_as_double(base, i, t); };
   const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
   std::vector<double> bias(sk);
   std::vector<double> prob(sk), ds(sk), dk(sk * d), dk_terms(sk * d), dv(sk * dvd),
@@ -76,22 +75,33 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
       std::fill(dk_terms.begin(), dk_terms.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
       std::fill(dv_terms.begin(), dv_terms.end(), 0.0);
+      // The slices' rows as doubles, converted once (reference_mask.h's rows_as_double).
+      const std::vector<double> k_rows =
+          detail::rows_as_double(p.k, t, at(p.k_strides, b, hk, 0), p.k_strides.seq, sk, d);
+      const std::vector<double> v_rows =
+          detail::rows_as_double(p.v, t, at(p.v_strides, b, hk, 0), p.v_strides.seq, sk, dvd);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const int64_t sq = p.seqlen_q;
+        const std::vector<double> q_rows =
+            detail::rows_as_double(p.q, t, at(p.q_strides, b, h, 0), p.q_strides.seq, sq, d);
+        const std::vector<double> dout_rows = detail::rows_as_double(
+            bp.dout, t, at(bp.dout_strides, b, h, 0), bp.dout_strides.seq, sq, dvd);
+        const std::vector<double> out_rows = detail::rows_as_double(
+            p.out, t, at(p.out_strides, b, h, 0), p.out_strides.seq, sq, dvd);
+        for (int64_t i = 0; i < sq; ++i) {
           // Which keys the row sees and the additive mask term of each (reference_mask.h, the
           // reference's rules: kv_stride, causal, window, pattern, block map, element mask).
           const auto visible = [&](int64_t j) {
             return detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
           };
-          const int64_t qi = at(p.q_strides, b, h, i), oi = at(p.out_strides, b, h, i);
-          const int64_t doi = at(bp.dout_strides, b, h, i);
+          const double* qi = &q_rows[i * d];
+          const double* oi = &out_rows[i * dvd];
+          const double* doi = &dout_rows[i * dvd];
           double row_max = neg_inf;
           for (int64_t j = 0; j < sk; ++j) {
             if (!visible(j)) continue;
             double dot = 0;
-            for (int64_t c = 0; c < d; ++c) {
-              dot += load(p.q, qi + c) * load(p.k, at(p.k_strides, b, hk, j) + c);
-            }
+            for (int64_t c = 0; c < d; ++c) dot += qi[c] * k_rows[j * d + c];
             prob[j] = dot * scale + bias[j];
             row_max = std::max(row_max, prob[j]);
           }
@@ -105,16 +115,16 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
               sum += prob[j];
             }
             double delta = 0;
-            for (int64_t c = 0; c < dvd; ++c) delta += load(bp.dout, doi + c) * load(p.out, oi + c);
+            for (int64_t c = 0; c < dvd; ++c) delta += doi[c] * oi[c];
             for (int64_t j = 0; j < sk; ++j) {
               if (!visible(j)) continue;
               prob[j] /= sum;
               const double p_rounded = round_to_dtype(t, prob[j]);
-              const int64_t vj = at(p.v_strides, b, hk, j);
+              const double* vj = &v_rows[j * dvd];
               double dp = 0;
               for (int64_t c = 0; c < dvd; ++c) {
-                const double g = load(bp.dout, doi + c);
-                dp += g * load(p.v, vj + c);
+                const double g = doi[c];
+                dp += g * vj[c];
                 dv[j * dvd + c] += p_rounded * g;
                 dv_terms[j * dvd + c] += prob[j] * std::fabs(g);
               }
@@ -123,9 +133,9 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
               // terms before the cancellation, P (|dP| + |D|), D coming from the rounded output.
               const double ds_terms = prob[j] * (std::fabs(dp) + std::fabs(delta));
               const double ds_rounded = round_to_dtype(t, ds_exact);
-              const int64_t kj = at(p.k_strides, b, hk, j);
+              const double* kj = &k_rows[j * d];
               for (int64_t c = 0; c < d; ++c) {
-                const double kv = load(p.k, kj + c), qv = load(p.q, qi + c);
+                const double kv = kj[c], qv = qi[c];
                 dq[c] += ds_rounded * kv;
                 dq_terms[c] += ds_terms * std::fabs(kv);
                 dk[j * d + c] += ds_rounded * qv;
