@@ -247,17 +247,24 @@ HostTensor rounded_forward(const Problem& pb) {
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
+      // The slice's rows as doubles, converted once (reference_mask.h's rows_as_double).
+      const int64_t qk_dim = p.head_dim, v_dim = p.head_dim_v;
+      const std::vector<double> q = detail::rows_as_double(
+          pb.q.data(), pb.dtype, b * p.q_strides.batch + h * p.q_strides.head, p.q_strides.seq,
+          p.seqlen_q, qk_dim);
+      const std::vector<double> k = detail::rows_as_double(
+          pb.k.data(), pb.dtype, b * p.k_strides.batch + hk * p.k_strides.head, p.k_strides.seq,
+          p.seqlen_k, qk_dim);
+      const std::vector<double> v = detail::rows_as_double(
+          pb.v.data(), pb.dtype, b * p.v_strides.batch + hk * p.v_strides.head, p.v_strides.seq,
+          p.seqlen_k, v_dim);
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         double row_max = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           seen[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
           if (!seen[j]) continue;
           double dot = 0;
-          for (int64_t d = 0; d < p.head_dim; ++d) {
-            dot +=
-                pb.q.get(b * p.q_strides.batch + h * p.q_strides.head + i * p.q_strides.seq + d) *
-                pb.k.get(b * p.k_strides.batch + hk * p.k_strides.head + j * p.k_strides.seq + d);
-          }
+          for (int64_t d = 0; d < qk_dim; ++d) dot += q[i * qk_dim + d] * k[j * qk_dim + d];
           score[j] = dot * scale + bias[j];
           row_max = std::max(row_max, score[j]);
         }
@@ -268,10 +275,7 @@ HostTensor rounded_forward(const Problem& pb) {
           const double weight = std::exp(score[j] - row_max);
           sum += weight;
           const double rounded = round_to_dtype(pb.dtype, weight);
-          for (int64_t d = 0; d < p.head_dim_v; ++d) {
-            accum[d] += rounded * pb.v.get(b * p.v_strides.batch + hk * p.v_strides.head +
-                                           j * p.v_strides.seq + d);
-          }
+          for (int64_t d = 0; d < v_dim; ++d) accum[d] += rounded * v[j * v_dim + d];
         }
         const int64_t o = b * p.out_strides.batch + h * p.out_strides.head + i * p.out_strides.seq;
         for (int64_t d = 0; d < p.head_dim_v; ++d) out.set(o + d, sum == 0 ? 0 : accum[d] / sum);
