@@ -1,7 +1,7 @@
 // Internal: the host twin of the kernels' mask handling, for the fp64 references: where a
-// (batch, head) slice's rows live (varlen or dense) and what a (query, key) pair adds to its
-// score (0, -inf, or the additive mask value). Structure comes from attention/mask_policy.h, the
-// same code the kernels run.
+// (batch, head) slice's rows live (varlen or dense), those rows read as doubles, and what a
+// (query, key) pair adds to its score (0, -inf, or the additive mask value). Structure comes from
+// attention/mask_policy.h, the same code the kernels run.
 #pragma once
 
 #include <cstdint>

@@ -36,12 +36,6 @@ inline double unit_roundoff_16(DType dtype) {
   return dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
 }
 
-inline double round_to_dtype(DType dtype, double x) {
-  unsigned char bytes[8];
-  detail::store_from_double(bytes, 0, dtype, x);
-  return detail::load_as_double(bytes, 0, dtype);
-}
-
 struct RoundedBackward {
   HostTensor dq, dk, dv;  // laid out like params.dq / dk / dv (same strides)
   std::vector<double> dq_terms, dk_terms, dv_terms;

@@ -101,6 +101,13 @@ inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(dtype_name(info.param.dtype)) + "_" + info.param.scenario.name;
 }
 
+// `x` rounded to `dtype` (to nearest, ties to even) and read back as a double.
+inline double round_to_dtype(DType dtype, double x) {
+  unsigned char bytes[8];
+  detail::store_from_double(bytes, 0, dtype, x);
+  return detail::load_as_double(bytes, 0, dtype);
+}
+
 // A problem whose tensors live in host memory. `seq_major` stores (B, S, H, D) and views it as
 // (B, H, S, D) through strides, as in a model that never transposes.
 struct Problem {
