@@ -16,6 +16,7 @@
 #include "attention/hopper/forward_scheduler.h"
 #include "attention/hopper/forward_trace.cuh"
 #include "attention/hopper/tma_copy.cuh"
+#include "attention/hopper/wgmma_score_atom.cuh"
 #include "attention/kernel_params.h"
 #include "attention/mask_policy.h"
 
@@ -72,13 +73,12 @@ struct KernelTraits {
 
   // Each consumer warpgroup is one 64-row wgmma atom; they stack along M.
   using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, BlockN, HeadDim>>(),
-      AtomLayout{}));
+  using TiledMmaS =
+      decltype(cute::make_tiled_mma(score_mma_op<Element, kBlockN, kHeadDim>(), AtomLayout{}));
   static_assert(cute::size<1>(typename TiledMmaS::AtomShape_MNK{}) == kBlockN,
                 "S = Q K^T must be one wgmma per k-block: kBlockN needs its wgmma shape (define "
-                "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED before including CuTe)");
+                "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED before including CuTe, or add the shape "
+                "to wgmma_score_atom.cuh)");
   // A tile's first key block for a warpgroup that sees only its first kNarrowBlockN keys
   // (ForwardKernelOptions::narrow_first_block): its softmax takes only those. 128-key blocks.
   static constexpr bool kNarrowFirstBlock = kBlockN == 128;
