@@ -1,5 +1,6 @@
 // The samattn torch operators: CUDA kernels under the CUDA key, the fp64 reference under the CPU
-// key. Shapes and dtypes of the results for torch.compile come from register_fake in Python.
+// key; their autograd is in autograd.cpp. Shapes and dtypes of the results for torch.compile come
+// from register_fake in Python.
 #include <optional>
 #include <string>
 #include <string_view>
@@ -279,7 +280,7 @@ TORCH_LIBRARY(samattn, m) {
       "Tensor? block_map=None, int block_q=128, int block_k=128) -> (Tensor out, Tensor lse)");
   // Not differentiable: it writes into `out` and has no autograd formula, so `out` never carries
   // a grad_fn (samattn.self_attention, its caller, raises when x requires grad). attention_forward
-  // is the differentiable op (autograd registered in samattn/_ops.py).
+  // is the differentiable op (its autograd kernel is in autograd.cpp).
   m.def(
       "attention_forward_into(Tensor query, Tensor key, Tensor value, Tensor(a!) out, "
       "float? scale=None, bool causal=False, int kv_stride=1, str backend='auto') -> ()");

@@ -1,8 +1,8 @@
 """Loads the compiled operators (samattn._C) and registers their fake implementations.
 
-The operators live in a C++ library registered with TORCH_LIBRARY(samattn, ...): calling them
-through torch.ops costs one dispatcher hop and no Python work. Fake (meta) implementations let
-torch.compile trace them without running a kernel.
+The operators live in a C++ library registered with TORCH_LIBRARY(samattn, ...), their autograd
+included (csrc/torch/autograd.cpp): calling them through torch.ops costs one dispatcher hop and no
+Python work. Fake (meta) implementations let torch.compile trace them without running a kernel.
 """
 
 from __future__ import annotations
@@ -69,85 +69,3 @@ def _varlen_backward_fake(dout, query, key, value, out, lse, cu_seqlens_q, cu_se
                           max_seqlen_q, max_seqlen_k, scale=None, causal=False, window_left=-1,
                           window_right=-1):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
-
-
-# Autograd for attention_forward. The backward recomputes the probabilities from q, k and the
-# forward's lse, which samattn.attention requests whenever an input requires grad; a direct call
-# with return_lse=False is still differentiable, at the cost of a second forward in the
-# backward. lse is an output for inspection, not differentiable.
-# The mask options (attn_mask, window, sparse pattern) travel to the backward unchanged; the
-# attn_mask tensor gets no gradient.
-def _attention_forward_setup_context(ctx, inputs, output):
-    query, key, value, scale, causal, kv_stride, _return_lse, backend = inputs[:8]
-    attn_mask = inputs[8] if len(inputs) > 8 else None
-    ctx.mask_options = tuple(inputs[9:])
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
-    ctx.options = (scale, causal, kv_stride, backend)
-    ctx.num_inputs = len(inputs)
-
-
-def _attention_forward_backward(ctx, dout, _dlse):
-    query, key, value, out, lse, attn_mask = ctx.saved_tensors
-    scale, causal, kv_stride, backend = ctx.options
-    if lse.dim() != 3:  # the forward ran with return_lse=False
-        _, lse = ops.attention_forward(query, key, value, scale, causal, kv_stride, True, backend,
-                                       attn_mask, *ctx.mask_options)
-    if dout.stride(-1) != 1:  # e.g. the expanded gradient of out.sum()
-        dout = dout.contiguous()
-    # torch.use_deterministic_algorithms(True) selects the tensor-core backward's atomic-free
-    # dQ kernel (bit-identical dq across runs); the forward's backend picks the backward's.
-    dq, dk, dv = ops.attention_backward(dout, query, key, value, out, lse, scale, causal,
-                                        kv_stride, torch.are_deterministic_algorithms_enabled(),
-                                        backend, attn_mask, *ctx.mask_options)
-    return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
-
-
-def _varlen_forward_setup_context(ctx, inputs, output):
-    (query, key, value, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right,
-     _return_lse, backend) = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(query, key, value, out, lse, cu_q, cu_k)
-    ctx.options = (max_q, max_k, scale, causal, window_left, window_right, backend)
-
-
-def _varlen_forward_backward(ctx, dout, _dlse):
-    query, key, value, out, lse, cu_q, cu_k = ctx.saved_tensors
-    max_q, max_k, scale, causal, window_left, window_right, backend = ctx.options
-    if lse.dim() != 2:  # the forward ran with return_lse=False
-        _, lse = ops.varlen_attention_forward(query, key, value, cu_q, cu_k, max_q, max_k, scale,
-                                              causal, window_left, window_right, True, backend)
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
-    dq, dk, dv = ops.varlen_attention_backward(dout, query, key, value, out, lse, cu_q, cu_k,
-                                               max_q, max_k, scale, causal, window_left,
-                                               window_right)
-    return (dq, dk, dv) + (None,) * 10
-
-
-torch.library.register_autograd("samattn::varlen_attention_forward", _varlen_forward_backward,
-                                setup_context=_varlen_forward_setup_context)
-
-
-torch.library.register_autograd("samattn::attention_forward", _attention_forward_backward,
-                                setup_context=_attention_forward_setup_context)
-
-
-# Gradients of the gradients are not implemented: without this, autograd would silently treat
-# attention_backward as constant (zeros) when differentiating with create_graph=True.
-def _attention_backward_setup_context(ctx, inputs, output):
-    pass
-
-
-def _attention_backward_backward(ctx, *grads):
-    raise RuntimeError("samattn: double backward (differentiating attention_backward, e.g. "
-                       "after autograd.grad(..., create_graph=True)) is not supported")
-
-
-torch.library.register_autograd("samattn::attention_backward", _attention_backward_backward,
-                                setup_context=_attention_backward_setup_context)
-torch.library.register_autograd("samattn::varlen_attention_backward",
-                                _attention_backward_backward,
-                                setup_context=_attention_backward_setup_context)
