@@ -1,8 +1,9 @@
 // Autograd of the attention operators, registered under the dispatcher's Autograd key. A call
 // records a backward node only when grad mode is on and a tensor argument requires grad;
-// otherwise it goes straight to the CPU or CUDA kernel. (Registered from Python with
-// torch.library.register_autograd, the same formulas cost ~6.5 µs of Python per call, with or
-// without gradients: benchmarks/NOTES.md, stop 49.)
+// otherwise it goes straight to the CPU or CUDA kernel. Registered from Python with
+// torch.library.register_autograd, the same formulas cost ~6 µs of host time per call without
+// gradients and ~90 µs per call that records a node (benchmarks/bench_host_overhead.py, stop 49:
+// benchmarks/results/cpu-2026-12-04-0b3ef93-host_overhead.json).
 #include <optional>
 #include <string>
 #include <tuple>
