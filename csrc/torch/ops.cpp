@@ -17,16 +17,28 @@
 namespace samattn::torch_ops {
 namespace {
 
+// `bytes` of workspace on `like`'s device from torch's caching allocator, its address in
+// *pointer; none (nullptr) when bytes is 0, as for most forward calls, which then skip an
+// allocation. The tensor keeps the memory until the launch is queued; the allocator orders its
+// reuse after the stream's work.
+at::Tensor allocate_workspace(size_t bytes, const at::Tensor& like, void** pointer) {
+  if (bytes == 0) {
+    *pointer = nullptr;
+    return {};
+  }
+  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  *pointer = workspace.data_ptr();
+  return workspace;
+}
+
 // Runs attention with the CUDA kernels or, for CPU tensors, the fp64 reference. The CUDA
 // workspace (the strided pattern's residue part) comes from torch's caching allocator.
 void run_forward(AttentionParams& params, const at::Tensor& query) {
   try {
     if (query.is_cuda()) {
       const c10::cuda::CUDAGuard guard(query.device());
-      const size_t bytes = attention_forward_workspace_bytes(params);
       const at::Tensor workspace =
-          at::empty({static_cast<int64_t>(bytes)}, query.options().dtype(at::kByte));
-      params.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
+          allocate_workspace(attention_forward_workspace_bytes(params), query, &params.workspace);
       attention_forward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
     } else {
       reference_attention_forward(params);
@@ -83,10 +95,8 @@ void run_backward(AttentionBackwardParams& params, const at::Tensor& query) {
   try {
     if (query.is_cuda()) {
       const c10::cuda::CUDAGuard guard(query.device());
-      const size_t bytes = attention_backward_workspace_bytes(params);
       const at::Tensor workspace =
-          at::empty({static_cast<int64_t>(bytes)}, query.options().dtype(at::kByte));
-      params.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
+          allocate_workspace(attention_backward_workspace_bytes(params), query, &params.workspace);
       attention_backward(params, at::cuda::getCurrentCUDAStream(query.device().index()));
     } else {
       reference_attention_backward(params);
