@@ -197,7 +197,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if dropout_p != 0.0:
         raise NotImplementedError("samattn.scaled_dot_product_attention: dropout_p must be 0.0, "
                                   f"got {dropout_p}")
-    if query.dim() < 3 or key.dim() != query.dim() or value.dim() != query.dim():
+    rank = query.dim()
+    if rank < 3 or key.dim() != rank or value.dim() != rank:
         raise ValueError("samattn: query, key and value must have the same rank (>= 3), got "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
     if not enable_gqa and key.shape[-3] != query.shape[-3]:
@@ -216,7 +217,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         mask = _as_4d(mask, "attn_mask")
     out = attention(_as_4d(query, "query"), _as_4d(key, "key"), _as_4d(value, "value"),
                     causal=is_causal, scale=scale, attn_mask=mask)
-    return out.reshape(*query.shape[:-1], value.shape[-1])
+    # 4-D inputs (the common case) already have the output's shape: skip the reshape's host time.
+    return out if rank == 4 else out.reshape(*query.shape[:-1], value.shape[-1])
 
 
 def strided_attention(q: Tensor, k: Tensor, v: Tensor, stride: int) -> Tensor:
