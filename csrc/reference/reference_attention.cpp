@@ -9,6 +9,7 @@
 #include "attention/validate.h"
 #include "common/host_float.h"
 #include "reference/reference_mask.h"
+#include "reference/reference_workers.h"
 #include "samattn/attention.h"
 
 namespace samattn {
@@ -91,8 +92,8 @@ void reference_attention_forward(const AttentionParams& params) {
   if (detail::output_rows(params) == 0) return;
   const double scale = detail::resolved_softmax_scale(params);
   const int64_t slices = params.batch * params.heads_q;
-  const int64_t workers =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(slices, 64));
+  const int64_t workers = detail::reference_workers(
+      slices, slices * params.seqlen_q * params.seqlen_k * (params.head_dim + params.head_dim_v));
 
   auto run_slices = [&](int64_t first) {
     std::vector<double> scores;

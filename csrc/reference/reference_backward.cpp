@@ -13,6 +13,7 @@
 #include "attention/validate.h"
 #include "common/host_float.h"
 #include "reference/reference_mask.h"
+#include "reference/reference_workers.h"
 #include "samattn/attention.h"
 
 namespace samattn {
@@ -113,8 +114,9 @@ void reference_attention_backward(const AttentionBackwardParams& params) {
   const double scale = detail::resolved_softmax_scale(p);
   const int64_t slices = p.batch * p.heads_kv;
   if (slices == 0) return;
-  const int64_t workers =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(slices, 64));
+  // Per query row and key: the scores, dP, and the dQ, dK and dV products.
+  const int64_t workers = detail::reference_workers(
+      slices, p.batch * p.heads_q * p.seqlen_q * p.seqlen_k * (3 * p.head_dim + 2 * p.head_dim_v));
   auto run_slices = [&](int64_t first) {
     for (int64_t s = first; s < slices; s += workers) {
       reference_kv_head(params, s / p.heads_kv, s % p.heads_kv, scale);
