@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
@@ -86,6 +87,12 @@ at::Tensor rows_contiguous(const at::Tensor& dout) {
   return dout.stride(-1) == 1 ? dout : dout.contiguous();
 }
 
+// Keeps a node's non-tensor arguments, by name, for its backward.
+void save_options(AutogradContext* ctx,
+                  std::initializer_list<std::pair<const char*, c10::IValue>> options) {
+  for (const auto& [name, value] : options) ctx->saved_data[name] = value;
+}
+
 // The non-tensor arguments of attention_forward, kept on the node for the backward.
 struct AttentionOptions {
   std::optional<double> scale;
@@ -97,18 +104,17 @@ struct AttentionOptions {
   int64_t sparse_block, sparse_summary, block_q, block_k;
 
   void save(AutogradContext* ctx) const {
-    auto& data = ctx->saved_data;
-    data["scale"] = scale;
-    data["causal"] = causal;
-    data["kv_stride"] = kv_stride;
-    data["backend"] = backend;
-    data["window_left"] = window_left;
-    data["window_right"] = window_right;
-    data["sparse_pattern"] = sparse_pattern;
-    data["sparse_block"] = sparse_block;
-    data["sparse_summary"] = sparse_summary;
-    data["block_q"] = block_q;
-    data["block_k"] = block_k;
+    save_options(ctx, {{"scale", scale},
+                       {"causal", causal},
+                       {"kv_stride", kv_stride},
+                       {"backend", backend},
+                       {"window_left", window_left},
+                       {"window_right", window_right},
+                       {"sparse_pattern", sparse_pattern},
+                       {"sparse_block", sparse_block},
+                       {"sparse_summary", sparse_summary},
+                       {"block_q", block_q},
+                       {"block_k", block_k}});
   }
   static AttentionOptions load(AutogradContext* ctx) {
     auto& data = ctx->saved_data;
@@ -204,14 +210,13 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
                                                window_left, window_right, return_lse, backend);
     ctx->save_for_backward({query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k});
     ctx->mark_non_differentiable({lse});
-    auto& data = ctx->saved_data;
-    data["max_seqlen_q"] = max_seqlen_q;
-    data["max_seqlen_k"] = max_seqlen_k;
-    data["scale"] = scale;
-    data["causal"] = causal;
-    data["window_left"] = window_left;
-    data["window_right"] = window_right;
-    data["backend"] = std::string(backend);
+    save_options(ctx, {{"max_seqlen_q", max_seqlen_q},
+                       {"max_seqlen_k", max_seqlen_k},
+                       {"scale", scale},
+                       {"causal", causal},
+                       {"window_left", window_left},
+                       {"window_right", window_right},
+                       {"backend", std::string(backend)}});
     return {out, lse};
   }
 

@@ -60,6 +60,21 @@ def described(node):
     return tuple((a.op, str(a.target)) if isinstance(a, torch.fx.Node) else a for a in args)
 
 
+def traced_replay(gradients, inputs, forward_op, backward_op, return_lse_index):
+    """Traces `gradients` (a forward without lse, then its gradients) and returns the forward's
+    arguments, the lse recomputation's and the backward's (described()), after checking that
+    the recomputation asked for lse and that the backward received it."""
+    graph = make_fx(gradients)(*inputs).graph
+    forwards = samattn_calls(graph, forward_op)
+    backwards = samattn_calls(graph, backward_op)
+    assert len(forwards) == 2 and len(backwards) == 1
+    first, recompute = (described(node) for node in forwards)
+    assert first[return_lse_index] is False and recompute[return_lse_index] is True
+    lse = backwards[0].args[5]
+    assert lse.target is operator.getitem and lse.args == (forwards[1], 1)
+    return first, recompute, described(backwards[0])
+
+
 def test_backward_replays_every_option():
     """The CPU reference's backward recomputes the probabilities and reads lse only for its shape,
     so gradients cannot tell a wrong replay from a right one: the traced calls can."""
@@ -75,17 +90,9 @@ def test_backward_replays_every_option():
     def gradients(q, k, v):
         return torch.autograd.grad(forward(q, k, v, False, **mask)[0].sum(), (q, k, v))
 
-    graph = make_fx(gradients)(q, k, v).graph
-    forwards = samattn_calls(graph, ops.attention_forward.default)
-    backwards = samattn_calls(graph, ops.attention_backward.default)
-    assert len(forwards) == 2 and len(backwards) == 1
-    first, recompute = (described(node) for node in forwards)
-    assert first[6] is False and recompute[6] is True  # return_lse
+    first, recompute, replayed = traced_replay(gradients, (q, k, v), ops.attention_forward.default,
+                                               ops.attention_backward.default, 6)
     assert recompute[:6] == first[:6] and recompute[7:] == first[7:]
-    backward = backwards[0]
-    assert backward.args[5].target is operator.getitem  # lse: the recomputation's
-    assert backward.args[5].args == (forwards[1], 1)
-    replayed = described(backward)
     assert replayed[1:4] == first[0:3]  # query, key, value
     assert replayed[6:9] == first[3:6]  # scale, causal, kv_stride
     assert replayed[10:] == first[7:]  # backend and every mask option
@@ -100,15 +107,10 @@ def test_varlen_backward_replays_its_options():
         out, _ = ops.varlen_attention_forward(q, k, v, *options, False, "auto")
         return torch.autograd.grad(out.sum(), (q, k, v))
 
-    graph = make_fx(gradients)(q, k, v).graph
-    forwards = samattn_calls(graph, ops.varlen_attention_forward.default)
-    backwards = samattn_calls(graph, ops.varlen_attention_backward.default)
-    assert len(forwards) == 2 and len(backwards) == 1
-    first, recompute = (described(node) for node in forwards)
-    assert first[11] is False and recompute[11] is True  # return_lse
+    first, recompute, replayed = traced_replay(gradients, (q, k, v),
+                                               ops.varlen_attention_forward.default,
+                                               ops.varlen_attention_backward.default, 11)
     assert recompute[:11] == first[:11]
-    assert backwards[0].args[5].args == (forwards[1], 1)
-    replayed = described(backwards[0])
     assert replayed[1:4] == first[0:3] and replayed[6:] == first[3:11]
 
 
