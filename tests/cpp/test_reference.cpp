@@ -1,13 +1,31 @@
 // The fp64 reference is the oracle of every other test, so it is checked against properties
 // that follow from the definition alone: uniform attention is a mean, one key returns its value,
 // strided/grouped/causal attention equal dense attention on the sliced or repeated inputs.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 
+#include "reference/reference_workers.h"
 #include "test_support.h"
 
 namespace samattn::testing {
 namespace {
+
+// Small calls stay on the calling thread (starting one costs more than their arithmetic); large
+// ones take a thread per slice, up to the hardware's.
+TEST(Reference, ThreadsFollowTheWork) {
+  using detail::kReferenceMultiplyAddsPerThread;
+  using detail::reference_workers;
+  const int64_t hardware = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  EXPECT_EQ(reference_workers(8, 2 * 4 * 4 * 16), 1);
+  EXPECT_EQ(reference_workers(8, kReferenceMultiplyAddsPerThread - 1), 1);
+  EXPECT_EQ(reference_workers(8, 2 * kReferenceMultiplyAddsPerThread),
+            std::min<int64_t>(hardware, 3));
+  EXPECT_EQ(reference_workers(8, int64_t{1} << 40), std::min<int64_t>(hardware, 8));
+  EXPECT_EQ(reference_workers(1, int64_t{1} << 40), 1);
+  EXPECT_EQ(reference_workers(1000, int64_t{1} << 40), std::min<int64_t>(hardware, 64));
+}
 
 TEST(Reference, ZeroQueriesAverageTheValues) {
   Shape s{1, 1, 1, 3, 5, 4, 6};
