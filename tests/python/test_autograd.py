@@ -1,8 +1,8 @@
 """The attention operators' autograd kernels (csrc/torch/autograd.cpp), on the CPU: what the
 backward node keeps and replays (every mask option, the lse it recomputes when the forward ran
 without one), when a node is recorded, torch.use_deterministic_algorithms reaching the backward
-operator, and double backward raising. The gradients themselves are checked in test_backward.py
-and test_masks.py."""
+operator, double backward raising, and the op under torch.export and under torch.compile with
+dynamic shapes. The gradients themselves are checked in test_backward.py and test_masks.py."""
 
 import operator
 
@@ -11,7 +11,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import samattn
-from helpers import make_qkv
+from helpers import assert_close, make_qkv
 
 ops = samattn.ops
 
@@ -174,3 +174,27 @@ def test_varlen_double_backward_raises():
     dq, = torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(dq.sum(), (q, k, v))
+
+
+def test_torch_export_keeps_the_operator():
+    class Causal(torch.nn.Module):
+        def forward(self, q, k, v):
+            return samattn.attention(q, k, v, causal=True)
+
+    q, k, v = (t.detach() for t in leaf_qkv())
+    exported = torch.export.export(Causal(), (q, k, v))
+    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert ops.attention_forward.default in calls
+    assert torch.equal(exported.module()(q, k, v), samattn.attention(q, k, v, causal=True))
+
+
+def test_torch_compile_with_dynamic_shapes_matches_eager_gradients():
+    compiled = torch.compile(lambda q, k, v: samattn.attention(q, k, v, causal=True).square().sum(),
+                             dynamic=True, fullgraph=True)
+    for seqlen in (5, 9):
+        q, k, v = leaf_qkv(seqlen_q=seqlen, seqlen_k=seqlen, seed=seqlen)
+        got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+        want = torch.autograd.grad(samattn.attention(q, k, v, causal=True).square().sum(),
+                                   (q, k, v))
+        for g, w in zip(got, want):
+            assert_close(g, w, torch.float64)
