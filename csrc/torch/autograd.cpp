@@ -11,10 +11,10 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+
+#include "autograd_support.h"
 
 namespace samattn::torch_ops {
 namespace {
@@ -40,11 +40,6 @@ using VarlenBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
     std::optional<double>, bool, int64_t, int64_t);
 
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
 const c10::TypedOperatorHandle<AttentionForwardSignature>& attention_forward_op() {
   static const auto op = typed_op<AttentionForwardSignature>("samattn::attention_forward");
   return op;
@@ -60,16 +55,6 @@ const c10::TypedOperatorHandle<VarlenForwardSignature>& varlen_forward_op() {
 const c10::TypedOperatorHandle<VarlenBackwardSignature>& varlen_backward_op() {
   static const auto op = typed_op<VarlenBackwardSignature>("samattn::varlen_attention_backward");
   return op;
-}
-
-// True when autograd would record this call: grad mode on and a tensor argument requiring grad
-// (attn_mask included: it gets no gradient, but its output still joins the graph, as in torch).
-bool records_graph(std::initializer_list<const at::Tensor*> tensors) {
-  if (!c10::GradMode::is_enabled()) return false;
-  for (const at::Tensor* t : tensors) {
-    if (t->defined() && t->requires_grad()) return true;
-  }
-  return false;
 }
 
 const at::Tensor& or_undefined(const OptionalTensor& t) {
@@ -275,6 +260,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_autograd(
     c10::string_view backend, const OptionalTensor& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
     int64_t sparse_summary, const OptionalTensor& block_map, int64_t block_q, int64_t block_k) {
+  // attn_mask counts: it gets no gradient, but the output still joins the graph, as in torch.
   if (!records_graph({&query, &key, &value, &or_undefined(attn_mask)})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return attention_forward_op().call(

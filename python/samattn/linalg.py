@@ -42,7 +42,9 @@ def gemm(a: Tensor, b: Tensor, *, out: Optional[Tensor] = None, alpha: float = 1
     float16/bfloat16 and float32 accumulate in float32, float64 in float64; the result has the
     inputs' dtype. allow_tf32 lets float32 run on tensor cores in TF32.
     out: written in place and returned; must have the result's shape, dtype and device.
-    With beta == 0 out is never read (NaN in it does not propagate).
+    With beta == 0 out is never read (NaN in it does not propagate). Not differentiable: with
+    out= and an input requiring grad (grad mode on) it raises; without out= gradients flow to a
+    and b (GEMMs by the same kernels; allow_tf32 carries over, the backend is chosen anew).
     backend: "auto" (the fastest kernel that fits), "sm90" (wgmma + TMA: float16/bfloat16, or
     float32 with allow_tf32 and k-major operands; compute capability 9.0, 16-byte aligned
     layouts), "sm80" (mma.sync tensor cores: float16/bfloat16, or float32 with allow_tf32; any
@@ -55,6 +57,9 @@ def gemm(a: Tensor, b: Tensor, *, out: Optional[Tensor] = None, alpha: float = 1
             raise ValueError("samattn.gemm: beta needs out= (the C it scales), got beta="
                              f"{beta} without out")
         return ops.gemm(a, b, alpha, allow_tf32, backend)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
+        raise RuntimeError("samattn.gemm: out= writes into out and is not differentiable; call "
+                           "samattn.gemm(a, b, alpha=...) without out= for gradients")
     ops.gemm_out(a, b, out, alpha, beta, allow_tf32, backend)
     return out
 
@@ -69,7 +74,8 @@ def softmax(x: Tensor, *, scale: float = 1.0, causal: bool = False) -> Tensor:
     """softmax(scale * x) over the last dimension, computed in float32 (float64 for float64).
 
     causal: in each (rows, cols) matrix of the last two dimensions, row i sees columns j <= i
-    (top-left aligned); hidden columns get 0. Returns a contiguous tensor of x's dtype."""
+    (top-left aligned); hidden columns get 0. Returns a contiguous tensor of x's dtype.
+    Differentiable (the gradient computed in float32, float64 for float64)."""
     return ops.softmax(x, scale, causal)
 
 

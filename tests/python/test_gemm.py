@@ -424,6 +424,40 @@ def test_gpu_self_attention_unfused_matches_reference(dtype):
     check_unfused(output[None, None], view, view, view, False)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
+def test_cpu_gemm_gradients(batched):
+    """Gradients of alpha a b (a transposed view for a), and of their gradients (the backward's
+    GEMMs run through the same operator)."""
+    shape_a, shape_b = ((2, 5, 3), (2, 5, 4)) if batched else ((5, 3), (5, 4))
+    a = _rand(*shape_a, dtype=torch.float64, seed=1).transpose(-1, -2).requires_grad_()
+    b = _rand(*shape_b, dtype=torch.float64, seed=2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: samattn.gemm(a, b, alpha=0.7), (a, b))
+    assert torch.autograd.gradgradcheck(lambda a, b: samattn.gemm(a, b, alpha=0.7), (a, b))
+    # Only the operand that asks gets a gradient.
+    frozen = b.detach()
+    da, = torch.autograd.grad(samattn.gemm(a, frozen).sum(), (a,))
+    assert_close(da, torch.ones(a.shape[:-1] + (4,), dtype=torch.float64) @ frozen.mT,
+                 torch.float64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_softmax_gradients(causal):
+    x = _rand(2, 4, 6, dtype=torch.float64, seed=3).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: samattn.softmax(x, scale=0.6, causal=causal), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: samattn.softmax(x, scale=0.6, causal=causal),
+                                        (x,))
+
+
+def test_gemm_with_out_refuses_gradients():
+    a = _rand(3, 4, dtype=torch.float64).requires_grad_()
+    b = _rand(4, 5, dtype=torch.float64)
+    out = torch.empty(3, 5, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        samattn.gemm(a, b, out=out)
+    with torch.no_grad():
+        assert samattn.gemm(a, b, out=out) is out
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
 def test_ops_pass_opcheck(device):
     """Schema, fake (meta) implementations and autograd registration of the GEMM ops."""

@@ -1,0 +1,27 @@
+// Internal: what the operators' autograd kernels (autograd.cpp, gemm_autograd.cpp) share.
+#pragma once
+
+#include <initializer_list>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+
+namespace samattn::torch_ops {
+
+// The operator `name` (no overload) with its C++ signature, to call through the dispatcher.
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+// True when autograd would record this call: grad mode on and a tensor argument requiring grad.
+inline bool records_graph(std::initializer_list<const at::Tensor*> tensors) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : tensors) {
+    if (t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+}  // namespace samattn::torch_ops
