@@ -448,6 +448,13 @@ def test_cpu_softmax_gradients(causal):
                                         (x,))
 
 
+def test_cpu_attention_unfused_gradients():
+    """Seed 002's unfused design (GEMM, softmax, GEMM) is differentiable through those ops."""
+    q, k, v = (_rand(1, 2, 5, 4, dtype=torch.float64, seed=s).requires_grad_() for s in (4, 5, 6))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: samattn.attention_unfused(q, k, v, causal=True), (q, k, v))
+
+
 def test_gemm_with_out_refuses_gradients():
     a = _rand(3, 4, dtype=torch.float64).requires_grad_()
     b = _rand(4, 5, dtype=torch.float64)
