@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "samattn/types.h"
 
@@ -81,6 +82,23 @@ inline double load_as_double(const void* base, int64_t offset, DType dtype) {
       return bfloat16_to_double(static_cast<const uint16_t*>(base)[offset]);
   }
   return 0.0;
+}
+
+// `rows` rows of `cols` elements of a host array of `dtype`, the first at element `first`, rows
+// `row_stride` and columns `col_stride` elements apart, as contiguous doubles (row-major). The
+// references convert their operands once this way rather than per product: loading and
+// converting each element inside the dot products took most of their time. The conversion is
+// exact, so sums over the result equal those over the loads.
+inline std::vector<double> rows_as_double(const void* base, DType dtype, int64_t first,
+                                          int64_t row_stride, int64_t rows, int64_t cols,
+                                          int64_t col_stride = 1) {
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = load_as_double(base, first + r * row_stride + c * col_stride, dtype);
+    }
+  }
+  return out;
 }
 
 // Stores `value` rounded to `dtype` (to nearest, ties to even) at element `offset`.

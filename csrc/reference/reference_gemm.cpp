@@ -14,22 +14,13 @@ void reference_gemm(const GemmParams& params) {
   const Status status = can_implement_gemm(p);
   if (!status.ok()) throw Error(status.message());
   if (p.m == 0 || p.n == 0) return;  // nothing to write (and A or B may be empty)
-  // Each batch's A (m x k) and B^T (n x k) as contiguous doubles, converted once rather than per
-  // product (the conversion is exact and the sums keep their order, so the result is the same).
-  std::vector<double> a(p.m * p.k), b_t(p.n * p.k);
   for (int64_t l = 0; l < p.batch; ++l) {
-    for (int64_t i = 0; i < p.m; ++i) {
-      for (int64_t q = 0; q < p.k; ++q) {
-        a[i * p.k + q] = detail::load_as_double(
-            p.a, l * p.a_batch_stride + i * p.a_row_stride + q * p.a_col_stride, p.dtype);
-      }
-    }
-    for (int64_t q = 0; q < p.k; ++q) {
-      for (int64_t j = 0; j < p.n; ++j) {
-        b_t[j * p.k + q] = detail::load_as_double(
-            p.b, l * p.b_batch_stride + q * p.b_row_stride + j * p.b_col_stride, p.dtype);
-      }
-    }
+    // This batch's A (m x k) and B^T (n x k) as contiguous doubles, converted once rather than
+    // per product (the same sums: the conversion is exact and their order is kept).
+    const std::vector<double> a = detail::rows_as_double(p.a, p.dtype, l * p.a_batch_stride,
+                                                         p.a_row_stride, p.m, p.k, p.a_col_stride);
+    const std::vector<double> b_t = detail::rows_as_double(
+        p.b, p.dtype, l * p.b_batch_stride, p.b_col_stride, p.n, p.k, p.b_row_stride);
     for (int64_t i = 0; i < p.m; ++i) {
       for (int64_t j = 0; j < p.n; ++j) {
         double sum = 0.0;

@@ -1,12 +1,11 @@
 // Internal: the host twin of the kernels' mask handling, for the fp64 references: where a
-// (batch, head) slice's rows live (varlen or dense), those rows read as doubles, and what a
-// (query, key) pair adds to its score (0, -inf, or the additive mask value). Structure comes from
-// attention/mask_policy.h, the same code the kernels run.
+// (batch, head) slice's rows live (varlen or dense) and what a (query, key) pair adds to its
+// score (0, -inf, or the additive mask value). Structure comes from attention/mask_policy.h, the
+// same code the kernels run.
 #pragma once
 
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 #include "attention/mask_policy.h"
 #include "common/host_float.h"
@@ -24,21 +23,6 @@ inline SequenceRows sequence_rows(const AttentionParams& p, int64_t b) {
   if (!p.mask.is_varlen()) return {0, 0, p.seqlen_q, p.seqlen_k};
   const int64_t q0 = p.mask.cu_seqlens_q[b], k0 = p.mask.cu_seqlens_k[b];
   return {q0, k0, p.mask.cu_seqlens_q[b + 1] - q0, p.mask.cu_seqlens_k[b + 1] - k0};
-}
-
-// `rows` rows of `cols` elements of a tensor in `dtype`, the first at element `first`, the next
-// `row_stride` elements on, as contiguous doubles (row-major). The references convert a slice's
-// rows once rather than per product: loading and converting each element inside the dot
-// products took most of their time. The conversion is exact, so the sums are the same.
-inline std::vector<double> rows_as_double(const void* base, DType dtype, int64_t first,
-                                          int64_t row_stride, int64_t rows, int64_t cols) {
-  std::vector<double> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = load_as_double(base, first + r * row_stride + c, dtype);
-    }
-  }
-  return out;
 }
 
 // Offset of row `row` of sequence `b`'s lse: (B, Hq, Sq) dense, (Hq, total_q) varlen.

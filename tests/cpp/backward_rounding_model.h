@@ -69,7 +69,7 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
       std::fill(dk_terms.begin(), dk_terms.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
       std::fill(dv_terms.begin(), dv_terms.end(), 0.0);
-      // The slices' rows as doubles, converted once (reference_mask.h's rows_as_double).
+      // The slices' rows as doubles, converted once (host_float.h's rows_as_double).
       const std::vector<double> k_rows =
           detail::rows_as_double(p.k, t, at(p.k_strides, b, hk, 0), p.k_strides.seq, sk, d);
       const std::vector<double> v_rows =

@@ -247,7 +247,7 @@ HostTensor rounded_forward(const Problem& pb) {
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
-      // The slice's rows as doubles, converted once (reference_mask.h's rows_as_double).
+      // The slice's rows as doubles, converted once (host_float.h's rows_as_double).
       const int64_t qk_dim = p.head_dim, v_dim = p.head_dim_v;
       const std::vector<double> q = detail::rows_as_double(
           pb.q.data(), pb.dtype, b * p.q_strides.batch + h * p.q_strides.head, p.q_strides.seq,
