@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "reference/reference_mask.h"
+#include "common/host_float.h"
 #include "test_support.h"
 
 namespace samattn::testing {
