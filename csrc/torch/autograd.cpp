@@ -32,6 +32,9 @@ using AttentionBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor
     const at::Tensor&, std::optional<double>, bool, int64_t, bool, c10::string_view,
     const OptionalTensor&, int64_t, int64_t, c10::string_view, int64_t, int64_t,
     const OptionalTensor&, int64_t, int64_t);
+using AttentionForwardIntoSignature = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, std::optional<double>, bool, int64_t,
+                                           c10::string_view);
 using VarlenForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view);
@@ -46,6 +49,10 @@ const c10::TypedOperatorHandle<AttentionForwardSignature>& attention_forward_op(
 }
 const c10::TypedOperatorHandle<AttentionBackwardSignature>& attention_backward_op() {
   static const auto op = typed_op<AttentionBackwardSignature>("samattn::attention_backward");
+  return op;
+}
+const c10::TypedOperatorHandle<AttentionForwardIntoSignature>& attention_forward_into_op() {
+  static const auto op = typed_op<AttentionForwardIntoSignature>("samattn::attention_forward_into");
   return op;
 }
 const c10::TypedOperatorHandle<VarlenForwardSignature>& varlen_forward_op() {
@@ -328,10 +335,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_autograd(
   return {grads[0], grads[1], grads[2]};
 }
 
+// out's version counter moves with the write, so that autograd sees a tensor it saved change.
+void attention_forward_into_autograd(const at::Tensor& query, const at::Tensor& key,
+                                     const at::Tensor& value, const at::Tensor& out,
+                                     std::optional<double> scale, bool causal, int64_t kv_stride,
+                                     c10::string_view backend) {
+  refuse_gradients({&query, &key, &value, &out}, "attention_forward_into",
+                   "samattn.attention (which returns a new tensor)");
+  const at::AutoDispatchBelowAutograd below_autograd;
+  attention_forward_into_op().call(query, key, value, out, scale, causal, kv_stride, backend);
+  torch::autograd::impl::bump_version(out);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(samattn, Autograd, m) {
   m.impl("attention_forward", &attention_forward_autograd);
+  m.impl("attention_forward_into", &attention_forward_into_autograd);
   m.impl("varlen_attention_forward", &varlen_forward_autograd);
   m.impl("attention_backward", &attention_backward_autograd);
   m.impl("varlen_attention_backward", &varlen_backward_autograd);

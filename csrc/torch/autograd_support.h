@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
 
 namespace samattn::torch_ops {
 
@@ -22,6 +23,15 @@ inline bool records_graph(std::initializer_list<const at::Tensor*> tensors) {
     if (t->defined() && t->requires_grad()) return true;
   }
   return false;
+}
+
+// For the operators that write into a caller's tensor (gemm_out, attention_forward_into), which
+// have no backward: raises, naming `op` and `instead`, when autograd would record the call (torch's
+// fallback for an operator without an autograd kernel would let the gradient silently go missing).
+inline void refuse_gradients(std::initializer_list<const at::Tensor*> tensors, const char* op,
+                             const char* instead) {
+  TORCH_CHECK(!records_graph(tensors), "samattn: ", op,
+              " writes into its output and is not differentiable; for gradients call ", instead);
 }
 
 }  // namespace samattn::torch_ops

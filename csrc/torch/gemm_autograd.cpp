@@ -1,6 +1,7 @@
-// Autograd of the GEMM and row-softmax operators, registered under the dispatcher's Autograd key.
-// Without it torch's fallback for an operator with no autograd kernel let gradients through
-// samattn.gemm and samattn.softmax silently go missing (None, with a deprecation warning).
+// Autograd of the GEMM and row-softmax operators, registered under the dispatcher's Autograd key
+// (gemm_out, which writes into out, refuses to be recorded). Without it torch's fallback for an
+// operator with no autograd kernel let gradients through samattn.gemm and samattn.softmax silently
+// go missing (None, with a deprecation warning).
 // gemm's gradients are GEMMs themselves (run by the same operator, so on the GPU by samattn's
 // kernels); softmax's is a few elementwise torch operations in float32 (float64 for float64).
 #include <ATen/core/Tensor.h>
@@ -17,10 +18,16 @@ using torch::autograd::variable_list;
 
 using GemmSignature = at::Tensor(const at::Tensor&, const at::Tensor&, double, bool,
                                  c10::string_view);
+using GemmOutSignature = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                              double, bool, c10::string_view);
 using SoftmaxSignature = at::Tensor(const at::Tensor&, double, bool);
 
 const c10::TypedOperatorHandle<GemmSignature>& gemm_op() {
   static const auto op = typed_op<GemmSignature>("samattn::gemm");
+  return op;
+}
+const c10::TypedOperatorHandle<GemmOutSignature>& gemm_out_op() {
+  static const auto op = typed_op<GemmOutSignature>("samattn::gemm_out");
   return op;
 }
 const c10::TypedOperatorHandle<SoftmaxSignature>& softmax_op() {
@@ -94,6 +101,15 @@ at::Tensor gemm_autograd(const at::Tensor& a, const at::Tensor& b, double alpha,
   return Gemm::apply(a, b, alpha, allow_tf32, backend);
 }
 
+// out's version counter moves with the write, so that autograd sees a tensor it saved change.
+void gemm_out_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
+                       double alpha, double beta, bool allow_tf32, c10::string_view backend) {
+  refuse_gradients({&a, &b, &out}, "gemm with out=", "samattn.gemm(a, b) without out=");
+  const at::AutoDispatchBelowAutograd below_autograd;
+  gemm_out_op().call(a, b, out, alpha, beta, allow_tf32, backend);
+  torch::autograd::impl::bump_version(out);
+}
+
 at::Tensor softmax_autograd(const at::Tensor& x, double scale, bool causal) {
   if (!records_graph({&x})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -106,6 +122,7 @@ at::Tensor softmax_autograd(const at::Tensor& x, double scale, bool causal) {
 
 TORCH_LIBRARY_IMPL(samattn, Autograd, m) {
   m.impl("gemm", &gemm_autograd);
+  m.impl("gemm_out", &gemm_out_autograd);
   m.impl("softmax", &softmax_autograd);
 }
 

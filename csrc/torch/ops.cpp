@@ -288,9 +288,8 @@ TORCH_LIBRARY(samattn, m) {
       "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, "
       "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0, "
       "Tensor? block_map=None, int block_q=128, int block_k=128) -> (Tensor out, Tensor lse)");
-  // Not differentiable: it writes into `out` and has no autograd formula, so `out` never carries
-  // a grad_fn (samattn.self_attention, its caller, raises when x requires grad). attention_forward
-  // is the differentiable op (its autograd kernel is in autograd.cpp).
+  // Not differentiable: it writes into `out`, and its autograd kernel (autograd.cpp) raises
+  // when autograd would record it. attention_forward is the differentiable op.
   m.def(
       "attention_forward_into(Tensor query, Tensor key, Tensor value, Tensor(a!) out, "
       "float? scale=None, bool causal=False, int kv_stride=1, str backend='auto') -> ()");

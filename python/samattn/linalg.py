@@ -57,9 +57,6 @@ def gemm(a: Tensor, b: Tensor, *, out: Optional[Tensor] = None, alpha: float = 1
             raise ValueError("samattn.gemm: beta needs out= (the C it scales), got beta="
                              f"{beta} without out")
         return ops.gemm(a, b, alpha, allow_tf32, backend)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
-        raise RuntimeError("samattn.gemm: out= writes into out and is not differentiable; call "
-                           "samattn.gemm(a, b, alpha=...) without out= for gradients")
     ops.gemm_out(a, b, out, alpha, beta, allow_tf32, backend)
     return out
 

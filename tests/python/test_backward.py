@@ -97,8 +97,15 @@ def test_self_attention_is_not_differentiable():
     x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     with pytest.raises(RuntimeError, match="not differentiable"):
         samattn.self_attention(x, torch.empty(5, 4, dtype=torch.float64), 4)
+    view = x.view(1, 1, 5, 4)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        samattn.ops.attention_forward_into(view, view, view,
+                                           torch.empty(1, 1, 5, 4, dtype=torch.float64))
     with torch.no_grad():
-        samattn.self_attention(x, torch.empty(5, 4, dtype=torch.float64), 4)
+        output = torch.empty(5, 4, dtype=torch.float64)
+        version = output._version
+        samattn.self_attention(x, output, 4)
+        assert output._version > version
 
 
 def backward_args(name="gqa", dtype=torch.float64):

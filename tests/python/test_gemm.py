@@ -461,8 +461,12 @@ def test_gemm_with_out_refuses_gradients():
     out = torch.empty(3, 5, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="not differentiable"):
         samattn.gemm(a, b, out=out)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        samattn.ops.gemm_out(a, b, out, 1.0, 0.0, False, "auto")
     with torch.no_grad():
+        version = out._version
         assert samattn.gemm(a, b, out=out) is out
+        assert out._version > version  # the write is visible to autograd's saved-tensor checks
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
