@@ -43,26 +43,14 @@ using VarlenBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
     std::optional<double>, bool, int64_t, int64_t);
 
-const c10::TypedOperatorHandle<AttentionForwardSignature>& attention_forward_op() {
-  static const auto op = typed_op<AttentionForwardSignature>("samattn::attention_forward");
-  return op;
-}
-const c10::TypedOperatorHandle<AttentionBackwardSignature>& attention_backward_op() {
-  static const auto op = typed_op<AttentionBackwardSignature>("samattn::attention_backward");
-  return op;
-}
-const c10::TypedOperatorHandle<AttentionForwardIntoSignature>& attention_forward_into_op() {
-  static const auto op = typed_op<AttentionForwardIntoSignature>("samattn::attention_forward_into");
-  return op;
-}
-const c10::TypedOperatorHandle<VarlenForwardSignature>& varlen_forward_op() {
-  static const auto op = typed_op<VarlenForwardSignature>("samattn::varlen_attention_forward");
-  return op;
-}
-const c10::TypedOperatorHandle<VarlenBackwardSignature>& varlen_backward_op() {
-  static const auto op = typed_op<VarlenBackwardSignature>("samattn::varlen_attention_backward");
-  return op;
-}
+const OperatorHandle<AttentionForwardSignature> attention_forward_op("samattn::attention_forward");
+const OperatorHandle<AttentionBackwardSignature> attention_backward_op(
+    "samattn::attention_backward");
+const OperatorHandle<AttentionForwardIntoSignature> attention_forward_into_op(
+    "samattn::attention_forward_into");
+const OperatorHandle<VarlenForwardSignature> varlen_forward_op("samattn::varlen_attention_forward");
+const OperatorHandle<VarlenBackwardSignature> varlen_backward_op(
+    "samattn::varlen_attention_backward");
 
 const at::Tensor& or_undefined(const OptionalTensor& t) {
   static const at::Tensor undefined;

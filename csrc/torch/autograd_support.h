@@ -2,6 +2,8 @@
 #pragma once
 
 #include <initializer_list>
+#include <mutex>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -10,11 +12,26 @@
 
 namespace samattn::torch_ops {
 
-// The operator `name` (no overload) with its C++ signature, to call through the dispatcher.
+// The operator `name` (no overload) with its C++ signature, to call through the dispatcher:
+// `op().call(...)`. Looked up on first use (after the TORCH_LIBRARY blocks have registered it),
+// then kept.
 template <typename Signature>
-c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
+class OperatorHandle {
+ public:
+  explicit OperatorHandle(const char* name) : name_(name) {}
+  const c10::TypedOperatorHandle<Signature>& operator()() const {
+    std::call_once(found_, [this] {
+      handle_.emplace(
+          c10::Dispatcher::singleton().findSchemaOrThrow(name_, "").template typed<Signature>());
+    });
+    return *handle_;
+  }
+
+ private:
+  const char* name_;
+  mutable std::once_flag found_;
+  mutable std::optional<c10::TypedOperatorHandle<Signature>> handle_;
+};
 
 // True when autograd would record this call: grad mode on and a tensor argument requiring grad.
 inline bool records_graph(std::initializer_list<const at::Tensor*> tensors) {

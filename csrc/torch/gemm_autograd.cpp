@@ -22,18 +22,9 @@ using GemmOutSignature = void(const at::Tensor&, const at::Tensor&, const at::Te
                               double, bool, c10::string_view);
 using SoftmaxSignature = at::Tensor(const at::Tensor&, double, bool);
 
-const c10::TypedOperatorHandle<GemmSignature>& gemm_op() {
-  static const auto op = typed_op<GemmSignature>("samattn::gemm");
-  return op;
-}
-const c10::TypedOperatorHandle<GemmOutSignature>& gemm_out_op() {
-  static const auto op = typed_op<GemmOutSignature>("samattn::gemm_out");
-  return op;
-}
-const c10::TypedOperatorHandle<SoftmaxSignature>& softmax_op() {
-  static const auto op = typed_op<SoftmaxSignature>("samattn::softmax");
-  return op;
-}
+const OperatorHandle<GemmSignature> gemm_op("samattn::gemm");
+const OperatorHandle<GemmOutSignature> gemm_out_op("samattn::gemm_out");
+const OperatorHandle<SoftmaxSignature> softmax_op("samattn::softmax");
 
 // C = alpha A B (2-D, or batched 3-D): dA = alpha dC B^T, dB = alpha A^T dC, each only when
 // asked for. The transposes are views (the operator takes any strides). allow_tf32 carries over;
