@@ -24,7 +24,58 @@ def _window_pair(window: Optional[Tuple[int, int]]) -> Tuple[int, int]:
     return int(left), int(right)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+_CAUSAL_NAMES = ("upper_left", "lower_right")
+
+
+class _CausalPlan:
+    """How a call's causal option runs on the kernels' top-left causal and window: lower-right
+    causal (torch's CausalVariant.LOWER_RIGHT, FlashAttention-2's causal=True) sees keys
+    j <= i + seqlen_k - seqlen_q. With seqlen_k >= seqlen_q that is a window whose right edge is
+    seqlen_k - seqlen_q; otherwise the first seqlen_q - seqlen_k query rows see no key (output 0,
+    lse -inf) and the remaining rows are top-left causal, so they run as one call on q's
+    trailing rows, with a window's left edge moved by the rows skipped."""
+
+    def __init__(self, causal, seqlen_q: int, seqlen_k: int, left: int, right: int):
+        if isinstance(causal, str):
+            if causal not in _CAUSAL_NAMES:
+                raise ValueError(f"samattn: causal must be a bool, 'upper_left' or 'lower_right', "
+                                 f"got {causal!r}")
+            lower_right = causal == "lower_right"
+        else:
+            lower_right = False
+        self.causal = bool(causal)
+        self.left, self.right = left, right
+        self.empty_rows = 0       # leading query rows that see no key
+        self.all_empty = False    # every row sees no key
+        if not lower_right:
+            return
+        offset = seqlen_k - seqlen_q
+        if offset == 0:  # the two alignments agree: the causal kernels run
+            return
+        if offset > 0:
+            self.causal = False
+            self.right = offset if right < 0 else min(right, offset)
+            return
+        self.empty_rows = min(-offset, seqlen_q)
+        # Trailing row r is query empty_rows + r: it sees keys j <= r, and the window's
+        # i - left <= j becomes r - (left - empty_rows) <= j.
+        if left >= 0:
+            self.left = left - self.empty_rows
+            self.all_empty = self.left < 0
+        self.right = -1  # the causal edge r is below the window's r + empty_rows + right
+
+
+def _rows_from(t: Optional[Tensor], first: int, rows: int) -> Optional[Tensor]:
+    # A mask's query rows from `first` on, unless it broadcasts over them.
+    if t is None or t.dim() < 2 or t.shape[-2] == 1:
+        return t
+    if t.shape[-2] != rows:
+        raise ValueError(f"samattn: attn_mask's query dimension is {t.shape[-2]}, expected "
+                         f"{rows} (seqlen_q) or 1")
+    return t[..., first:, :]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = False,
               scale: Optional[float] = None, kv_stride: int = 1, return_lse: bool = False,
               backend: str = "auto", attn_mask: Optional[Tensor] = None,
               window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
@@ -36,7 +87,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     (grouped-query attention). Any strides are accepted as long as the last dimension is
     contiguous, so (B, S, H, D) tensors can be passed as ``x.transpose(1, 2)`` without a copy.
 
-    causal: query i sees keys j <= i (top-left aligned, like SDPA's ``is_causal``).
+    causal: True or "upper_left": query i sees keys j <= i (top-left aligned, like SDPA's
+    ``is_causal``). "lower_right": query i sees keys j <= i + Sk - Sq (bottom-right aligned:
+    torch's ``causal_lower_right``, FlashAttention-2's ``causal=True``; the last query sees every
+    key, as when new queries attend to a KV cache); it runs as a window whose right edge is
+    Sk - Sq, and with Sq > Sk the first Sq - Sk rows see no key (output 0, lse -inf). It does not
+    combine with sparse_pattern (causal by definition), nor, when Sq > Sk, with block_sparse.
     scale: multiplies q.k; default 1/sqrt(D).
     kv_stride: strided attention, query i sees only keys j with j % kv_stride == 0.
     return_lse: also return the natural-log log-sum-exp of each row, (B, Hq, Sq), float32
@@ -88,6 +144,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False)))
     left, right = _window_pair(window)
+    if causal is not False and causal is not True:
+        return _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend,
+                                     attn_mask, left, right, sparse_pattern, sparse_block,
+                                     sparse_summary, block_sparse)
     if (attn_mask is None and left == -1 and right == -1 and sparse_pattern == "none"
             and block_sparse is None):
         out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend)
@@ -102,6 +162,37 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                                          sparse_summary, block_map, block_sparse.block_q,
                                          block_sparse.block_k)
     return (out, lse) if return_lse else out
+
+
+def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend, attn_mask,
+                          left, right, sparse_pattern, sparse_block, sparse_summary,
+                          block_sparse):
+    # causal given by name ("upper_left" / "lower_right"): one call of the kernels' options
+    # (_CausalPlan), with the rows that see no key put before its output.
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    plan = _CausalPlan(causal, seqlen_q, seqlen_k, left, right)
+    if causal == "lower_right" and sparse_pattern != "none":
+        raise ValueError("samattn: causal='lower_right' does not combine with sparse_pattern "
+                         f"({sparse_pattern!r} is causal by definition, top-left aligned)")
+    if plan.empty_rows and block_sparse is not None:
+        raise ValueError("samattn: causal='lower_right' with seqlen_q > seqlen_k does not combine "
+                         "with block_sparse (its query blocks would shift)")
+    window = (-1, -1) if plan.all_empty else (plan.left, plan.right)
+    options = dict(scale=scale, kv_stride=kv_stride, return_lse=True, backend=backend,
+                   window=None if window == (-1, -1) else window, sparse_pattern=sparse_pattern,
+                   sparse_block=sparse_block, sparse_summary=sparse_summary,
+                   block_sparse=block_sparse)
+    if plan.empty_rows == 0:
+        out, lse = attention(q, k, v, causal=plan.causal, attn_mask=attn_mask, **options)
+        return (out, lse) if return_lse else out
+    first = seqlen_q if plan.all_empty else plan.empty_rows
+    out, lse = attention(q[..., first:, :], k, v, causal=True,
+                         attn_mask=_rows_from(attn_mask, first, seqlen_q), **options)
+    lead = out.shape[:-2]
+    out = torch.cat([out.new_zeros(*lead, first, out.shape[-1]), out], dim=-2)
+    if not return_lse:
+        return out
+    return out, torch.cat([lse.new_full((*lead, first), -math.inf), lse], dim=-1)
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
@@ -140,7 +231,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     return (out, lse) if return_lse else out
 
 
-def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = False,
                      kv_stride: int = 1, backend: str = "auto",
                      attn_mask: Optional[Tensor] = None,
                      window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
@@ -154,10 +245,19 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     dout contiguous, as autograd passes them), which can differ from the forward's: e.g. on
     compute capability 9.0 head dim 256 runs the Hopper forward and the SIMT backward. A backend
     the backward cannot honour raises ValueError naming the reason."""
+    if causal is not False and causal is not True:
+        # As samattn.attention runs a named causal option: on the trailing rows, with a window.
+        plan = _CausalPlan(causal, q.shape[-2], k.shape[-2], *_window_pair(window))
+        first = q.shape[-2] if plan.all_empty else plan.empty_rows
+        window = None if plan.all_empty or (plan.left, plan.right) == (-1, -1) else \
+            (plan.left, plan.right)
+        q, causal = q[..., first:, :], plan.causal or first > 0
     if backward:
         if attn_mask is not None or window is not None or sparse_pattern != "none" or \
                 block_sparse is not None:
-            raise ValueError("selected_backend(backward=True) takes no mask options")
+            raise ValueError("selected_backend(backward=True) takes no mask options (attn_mask, "
+                             "window, sparse_pattern, block_sparse, or causal='lower_right' "
+                             "with seqlen_k > seqlen_q, a window)")
         return ops.selected_backward_backend(q, k, v, causal, kv_stride, backend)
     left, right = _window_pair(window)
     extra = () if block_sparse is None else (block_sparse.to_map(k.shape[2]),
@@ -177,6 +277,22 @@ def _as_4d(t: Tensor, name: str) -> Tensor:
                      f"got shape {tuple(t.shape)}")
 
 
+def _causal_bias_variant(attn_mask, query: Tensor, key: Tensor) -> Optional[str]:
+    # torch.nn.attention.bias.CausalBias (causal_upper_left / causal_lower_right): the causal
+    # option it stands for, or None for any other mask.
+    if attn_mask is None or type(attn_mask).__name__ != "CausalBias":
+        return None
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+    if not isinstance(attn_mask, CausalBias):
+        return None
+    expected = (query.shape[-2], key.shape[-2])
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != expected:
+        raise ValueError(f"samattn: CausalBias attn_mask is for (seq_len_q, seq_len_kv) = "
+                         f"({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}), the inputs have "
+                         f"{expected}")
+    return "lower_right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "upper_left"
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
@@ -184,12 +300,19 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
     Same signature and semantics for (..., H, L, E) inputs, including attn_mask (boolean, True
-    = attend, or additive float, broadcastable to (..., L, S)). Not supported (raises
-    NotImplementedError): dropout_p > 0.
+    = attend, or additive float, broadcastable to (..., L, S), or torch's CausalBias from
+    ``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``, which runs the causal
+    kernels without a mask tensor). Not supported (raises NotImplementedError): dropout_p > 0.
 
     One difference: a query row whose keys are all masked out gives output 0 here, where torch
     gives NaN. attn_mask receives no gradient.
     """
+    causal_bias = _causal_bias_variant(attn_mask, query, key)
+    if causal_bias is not None:
+        if is_causal:
+            raise ValueError("samattn: a CausalBias attn_mask cannot be combined with "
+                             "is_causal=True (as in torch)")
+        attn_mask, is_causal = None, causal_bias
     if attn_mask is not None and is_causal:
         # torch raises here too: the two are mutually exclusive in SDPA.
         raise ValueError("samattn: attn_mask and is_causal=True cannot be combined in "

@@ -56,7 +56,8 @@ class MultiheadAttention(nn.Module):
     num_kv_heads: grouped-query attention (GQA/MQA). Key and value get num_kv_heads heads, each
     shared by num_heads // num_kv_heads query heads; the kernel reads the shared heads directly
     (no repeat). Default num_heads (standard multi-head attention).
-    causal: query i sees keys j <= i (top-left aligned); can be overridden per call.
+    causal: query i sees keys j <= i (True, top-left aligned) or j <= i + Sk - Sq
+    ("lower_right", for new queries against cached keys); can be overridden per call.
     kv_stride: strided attention (seed 000): query i sees keys j with j % kv_stride == 0.
     kdim, vdim: feature sizes of key and value inputs for cross-attention (default embed_dim).
 
@@ -67,7 +68,7 @@ class MultiheadAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 bias: bool = True, causal: bool = False, kv_stride: int = 1,
+                 bias: bool = True, causal: bool | str = False, kv_stride: int = 1,
                  kdim: int | None = None, vdim: int | None = None, device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -99,7 +100,8 @@ class MultiheadAttention(nn.Module):
         return x.view(batch, seq_len, heads, width // heads).transpose(1, 2)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
-                value: torch.Tensor | None = None, *, causal: bool | None = None) -> torch.Tensor:
+                value: torch.Tensor | None = None, *,
+                causal: bool | str | None = None) -> torch.Tensor:
         if query.dim() != 3:
             raise ValueError(f"MultiheadAttention: query must be (batch, seq_len, embed_dim), "
                              f"got shape {tuple(query.shape)}")

@@ -69,6 +69,23 @@ def test_cross_attention_shapes_cpu():
     assert module(q, k, v).shape == (2, 5, 16)
 
 
+def test_lower_right_causal_against_torch_with_a_cache_cpu():
+    # New queries (the last 4 positions) against 11 keys, 7 of them cached: torch's module given
+    # the bottom-right mask, ours causal="lower_right".
+    torch.manual_seed(2)
+    ours = samattn.nn.MultiheadAttention(32, 4, causal="lower_right", dtype=torch.float64)
+    theirs = torch.nn.MultiheadAttention(32, 4, batch_first=True, dtype=torch.float64)
+    ours.load_from_torch(theirs)
+    sequence = torch.randn(2, 11, 32, dtype=torch.float64)
+    new = sequence[:, 7:]
+    hidden = torch.ones(4, 11, dtype=torch.bool).tril(7).logical_not()
+    expected, _ = theirs(new, sequence, sequence, need_weights=False, attn_mask=hidden)
+    assert_close(ours(new, sequence), expected, torch.float64)
+    full, _ = theirs(sequence, sequence, sequence, need_weights=False,
+                     attn_mask=torch.ones(11, 11, dtype=torch.bool).triu(1))
+    assert_close(ours(new, sequence), full[:, 7:], torch.float64)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"embed_dim": 30, "num_heads": 4}, "multiple of num_heads"),
     ({"embed_dim": 32, "num_heads": 4, "num_kv_heads": 3}, "multiple of num_kv_heads"),
