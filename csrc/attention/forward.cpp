@@ -5,6 +5,7 @@
 #include "attention/fixed_pattern.h"
 #include "attention/hopper/forward_launch.h"
 #include "attention/kernel_params.h"
+#include "attention/key_split.h"
 #include "attention/simt/forward_launch.h"
 #include "attention/strided_pattern.h"
 #include "attention/tensor_core/forward_launch.h"
@@ -29,10 +30,21 @@ bool hopper_allowed(const AttentionParams& params) {
          !simt_forced_by_environment();
 }
 
+// The split-key forward (key_split.h) the call runs: its chunks run on the tensor-core kernels,
+// so neither SIMT nor the Hopper forward may have been asked for. parts() == 0: no split.
+detail::KeySplit key_split_of(const AttentionParams& params) {
+  if (params.num_splits == 1 || params.backend == Backend::kSimt ||
+      params.backend == Backend::kHopper || simt_forced_by_environment()) {
+    return {};
+  }
+  return detail::key_split_for(params);
+}
+
 }  // namespace
 
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
+  if (key_split_of(params).parts() > 0) return Backend::kTensorCore;
   // The fixed pattern runs mostly on the Hopper forward through its decomposition.
   const bool hopper_ok =
       hopper_allowed(params) &&
@@ -62,7 +74,8 @@ size_t attention_forward_workspace_bytes(const AttentionParams& params) {
     case SparsePattern::kNone:
       break;
   }
-  return 0;
+  const detail::KeySplit split = key_split_of(params);
+  return split.parts() > 0 ? detail::key_split_workspace_bytes(params, split) : 0;
 }
 
 namespace {
@@ -116,6 +129,14 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream) {
       (params.workspace != nullptr || detail::strided_forward_workspace_bytes(params) == 0)) {
     detail::strided_forward(params, stream);
     return;
+  }
+  // A split call, when its workspace was given (without one it runs unsplit).
+  if (backend == Backend::kTensorCore && params.workspace != nullptr) {
+    const detail::KeySplit split = key_split_of(params);
+    if (split.parts() > 0) {
+      detail::key_split_forward(params, split, stream);
+      return;
+    }
   }
   launch(backend, params.dtype, detail::make_forward_kernel_params(params), stream);
 }

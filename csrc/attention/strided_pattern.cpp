@@ -8,6 +8,7 @@
 #include "attention/tensor_core/backward_launch.h"
 #include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
+#include "attention/views.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 
@@ -16,10 +17,6 @@ namespace {
 
 // The residue part's fp32 output and lse, at the start of the workspace.
 PriorPart carve(const AttentionParams& p) { return carve_prior_part(p.workspace, p); }
-
-const void* advance(const void* base, int64_t elements, int element_bytes) {
-  return static_cast<const char*>(base) + elements * element_bytes;
-}
 
 // The views' window: the residue classes keep i - j = l * t <= W, i.e. view rows a - c = t - 1 <=
 // W / l - 1; -1 when the call has no window. A negative result for a window (W < l) means no
@@ -32,14 +29,6 @@ bool has_residue_part(const AttentionParams& p) {
   const int64_t l = p.mask.pattern_block;
   return p.seqlen_q > l && p.seqlen_k > 0 &&
          (p.mask.window_left < 0 || residue_window(p.mask.window_left, l) >= 0);
-}
-
-// (b, h) pairs of q, k, v (and dout, for the backward) merge into one head index with one stride.
-bool heads_merge(const AttentionParams& p, const Strides* dout = nullptr) {
-  return p.batch == 1 || (p.q_strides.batch == p.heads_q * p.q_strides.head &&
-                          p.k_strides.batch == p.heads_kv * p.k_strides.head &&
-                          p.v_strides.batch == p.heads_kv * p.v_strides.head &&
-                          (dout == nullptr || dout->batch == p.heads_q * dout->head));
 }
 
 // One residue group's causal views of batch entries [b0, b0 + batches): the residue is the

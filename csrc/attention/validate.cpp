@@ -39,7 +39,8 @@ bool is_known_dtype(DType dtype) {
     case DType::kFloat64:
     case DType::kFloat32:
     case DType::kFloat16:
-    case DType::kBFloat16: return true;
+    case DType::kBFloat16:
+      return true;
   }
   return false;
 }
@@ -68,6 +69,8 @@ void validate_forward_params(const AttentionParams& p) {
   SAMATTN_CHECK(p.head_dim_v >= 1 && p.head_dim_v <= kMaxHeadDim, "head_dim_v must be in [1, ",
                 kMaxHeadDim, "], got ", p.head_dim_v);
   SAMATTN_CHECK(p.kv_stride >= 1, "kv_stride must be >= 1, got ", p.kv_stride);
+  SAMATTN_CHECK(p.num_splits >= 0, "num_splits must be >= 0 (0: automatic, 1: no split), got ",
+                p.num_splits);
   if (p.softmax_scale) {
     SAMATTN_CHECK(std::isfinite(*p.softmax_scale), "softmax_scale must be finite, got ",
                   *p.softmax_scale);
@@ -103,8 +106,8 @@ void validate_backward_launch(const AttentionBackwardParams& bp) {
                   "forward's log-sum-exp");
   }
   const size_t workspace = attention_backward_workspace_bytes(bp);
-  SAMATTN_CHECK(workspace == 0 || bp.workspace != nullptr, "workspace must not be null: ",
-                static_cast<uint64_t>(workspace),
+  SAMATTN_CHECK(workspace == 0 || bp.workspace != nullptr,
+                "workspace must not be null: ", static_cast<uint64_t>(workspace),
                 " bytes are needed (attention_backward_workspace_bytes)");
   SAMATTN_CHECK(reinterpret_cast<uintptr_t>(bp.workspace) % 256 == 0,
                 "workspace must be aligned to 256 bytes, got ",

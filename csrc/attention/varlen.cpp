@@ -1,18 +1,12 @@
 #include "attention/varlen.h"
 
 #include "attention/validate.h"
+#include "attention/views.h"
 #include "common/check.h"
 #include "common/cuda_check.h"
 
 namespace samattn::detail {
 namespace {
-
-const void* advance(const void* base, int64_t elements, int element_bytes) {
-  return base == nullptr ? nullptr : static_cast<const char*>(base) + elements * element_bytes;
-}
-void* advance(void* base, int64_t elements, int element_bytes) {
-  return base == nullptr ? nullptr : static_cast<char*>(base) + elements * element_bytes;
-}
 
 int lse_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
 

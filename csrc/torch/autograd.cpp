@@ -26,7 +26,7 @@ using OptionalTensor = std::optional<at::Tensor>;
 using AttentionForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool, int64_t,
     bool, c10::string_view, const OptionalTensor&, int64_t, int64_t, c10::string_view, int64_t,
-    int64_t, const OptionalTensor&, int64_t, int64_t);
+    int64_t, const OptionalTensor&, int64_t, int64_t, int64_t);
 using AttentionBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, std::optional<double>, bool, int64_t, bool, c10::string_view,
@@ -81,7 +81,7 @@ struct AttentionOptions {
   std::string backend;
   int64_t window_left, window_right;
   std::string sparse_pattern;
-  int64_t sparse_block, sparse_summary, block_q, block_k;
+  int64_t sparse_block, sparse_summary, block_q, block_k, num_splits;
 
   void save(AutogradContext* ctx) const {
     save_options(ctx, {{"scale", scale},
@@ -94,7 +94,8 @@ struct AttentionOptions {
                        {"sparse_block", sparse_block},
                        {"sparse_summary", sparse_summary},
                        {"block_q", block_q},
-                       {"block_k", block_k}});
+                       {"block_k", block_k},
+                       {"num_splits", num_splits}});
   }
   static AttentionOptions load(AutogradContext* ctx) {
     auto& data = ctx->saved_data;
@@ -108,12 +109,13 @@ struct AttentionOptions {
             data["sparse_block"].toInt(),
             data["sparse_summary"].toInt(),
             data["block_q"].toInt(),
-            data["block_k"].toInt()};
+            data["block_k"].toInt(),
+            data["num_splits"].toInt()};
   }
 };
 
-// attention_forward's 17 arguments, in the schema's order (ops.cpp).
-constexpr size_t kAttentionForwardArguments = 17;
+// attention_forward's 18 arguments, in the schema's order (ops.cpp).
+constexpr size_t kAttentionForwardArguments = 18;
 
 class AttentionForward : public torch::autograd::Function<AttentionForward> {
  public:
@@ -123,11 +125,13 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
                                const OptionalTensor& attn_mask, int64_t window_left,
                                int64_t window_right, c10::string_view sparse_pattern,
                                int64_t sparse_block, int64_t sparse_summary,
-                               const OptionalTensor& block_map, int64_t block_q, int64_t block_k) {
+                               const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
+                               int64_t num_splits) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse] = attention_forward_op().call(
         query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
-        window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k);
+        window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
+        num_splits);
     ctx->save_for_backward(
         {query, key, value, out, lse, or_undefined(attn_mask), or_undefined(block_map)});
     ctx->mark_non_differentiable({lse});
@@ -141,7 +145,8 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
                      sparse_block,
                      sparse_summary,
                      block_q,
-                     block_k}
+                     block_k,
+                     num_splits}
         .save(ctx);
     return {out, lse};
   }
@@ -156,7 +161,7 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
       lse = std::get<1>(attention_forward_op().call(
           query, key, value, o.scale, o.causal, o.kv_stride, true, o.backend, attn_mask,
           o.window_left, o.window_right, o.sparse_pattern, o.sparse_block, o.sparse_summary,
-          block_map, o.block_q, o.block_k));
+          block_map, o.block_q, o.block_k, o.num_splits));
     }
     // torch.use_deterministic_algorithms(True) selects the atomic-free dQ kernels (bit-identical
     // dq across runs); the forward's backend picks the backward's.
@@ -254,17 +259,20 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_autograd(
     std::optional<double> scale, bool causal, int64_t kv_stride, bool return_lse,
     c10::string_view backend, const OptionalTensor& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
-    int64_t sparse_summary, const OptionalTensor& block_map, int64_t block_q, int64_t block_k) {
+    int64_t sparse_summary, const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
+    int64_t num_splits) {
   // attn_mask counts: it gets no gradient, but the output still joins the graph, as in torch.
   if (!records_graph({&query, &key, &value, &or_undefined(attn_mask)})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return attention_forward_op().call(
-        query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
-        window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k);
+    return attention_forward_op().call(query, key, value, scale, causal, kv_stride, return_lse,
+                                       backend, attn_mask, window_left, window_right,
+                                       sparse_pattern, sparse_block, sparse_summary, block_map,
+                                       block_q, block_k, num_splits);
   }
-  const variable_list outputs = AttentionForward::apply(
-      query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
-      window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k);
+  const variable_list outputs =
+      AttentionForward::apply(query, key, value, scale, causal, kv_stride, return_lse, backend,
+                              attn_mask, window_left, window_right, sparse_pattern, sparse_block,
+                              sparse_summary, block_map, block_q, block_k, num_splits);
   return {outputs[0], outputs[1]};
 }
 

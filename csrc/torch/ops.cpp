@@ -54,7 +54,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_op(
     c10::string_view backend, const std::optional<at::Tensor>& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
     int64_t sparse_summary, const std::optional<at::Tensor>& block_map, int64_t block_q,
-    int64_t block_k) {
+    int64_t block_k, int64_t num_splits) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
@@ -62,6 +62,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_op(
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
              sparse_summary, &block_map, block_q, block_k});
+  params.num_splits = num_splits;
   at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
                              query.options());
   at::Tensor lse =
@@ -225,7 +226,7 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 int64_t window_right, c10::string_view sparse_pattern,
                                 int64_t sparse_block, int64_t sparse_summary,
                                 const std::optional<at::Tensor>& block_map, int64_t block_q,
-                                int64_t block_k) {
+                                int64_t block_k, int64_t num_splits) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
@@ -233,6 +234,7 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
              sparse_summary, &block_map, block_q, block_k});
+  params.num_splits = num_splits;
   TORCH_CHECK_VALUE(query.is_cuda(),
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
                     "always run the fp64 reference");
@@ -287,7 +289,8 @@ TORCH_LIBRARY(samattn, m) {
       "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto', "
       "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, "
       "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0, "
-      "Tensor? block_map=None, int block_q=128, int block_k=128) -> (Tensor out, Tensor lse)");
+      "Tensor? block_map=None, int block_q=128, int block_k=128, int num_splits=1) "
+      "-> (Tensor out, Tensor lse)");
   // Not differentiable: it writes into `out`, and its autograd kernel (autograd.cpp) raises
   // when autograd would record it. attention_forward is the differentiable op.
   m.def(
@@ -314,7 +317,8 @@ TORCH_LIBRARY(samattn, m) {
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
-      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128) -> str");
+      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
+      "int num_splits=1) -> str");
   m.def(
       "selected_backward_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");

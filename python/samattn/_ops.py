@@ -31,7 +31,8 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 def _attention_forward_fake(query, key, value, scale=None, causal=False, kv_stride=1,
                             return_lse=False, backend="auto", attn_mask=None, window_left=-1,
                             window_right=-1, sparse_pattern="none", sparse_block=0,
-                            sparse_summary=0, block_map=None, block_q=128, block_k=128):
+                            sparse_summary=0, block_map=None, block_q=128, block_k=128,
+                            num_splits=1):
     batch, heads, seqlen_q, _ = query.shape
     out = query.new_empty((batch, heads, seqlen_q, value.shape[-1]))
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)

@@ -54,7 +54,9 @@ class _CausalPlan:
             return
         if offset > 0:
             self.causal = False
-            self.right = offset if right < 0 else min(right, offset)
+            # One query row (decoding) sees every key: no window, so no mask option at all.
+            if seqlen_q > 1 or right >= 0:
+                self.right = offset if right < 0 else min(right, offset)
             return
         self.empty_rows = min(-offset, seqlen_q)
         # Trailing row r is query empty_rows + r: it sees keys j <= r, and the window's
@@ -79,8 +81,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
               scale: Optional[float] = None, kv_stride: int = 1, return_lse: bool = False,
               backend: str = "auto", attn_mask: Optional[Tensor] = None,
               window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
-              sparse_block: int = 0, sparse_summary: int = 0,
-              block_sparse=None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+              sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
+              num_splits: int = 1) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Fused attention on (batch, heads, seq_len, head_dim) tensors.
 
     q: (B, Hq, Sq, D); k: (B, Hkv, Sk, D); v: (B, Hkv, Sk, Dv) with Hq a multiple of Hkv
@@ -124,6 +126,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     computed; attn_mask, if given, applies inside them. See samattn.block_sparse_from_mask and
     samattn.block_sparse_from_pattern.
 
+    num_splits: split-key attention (flash-decoding), for calls with too few query blocks to
+    fill the GPU, e.g. decoding (a few queries per head against a long KV cache): the keys are
+    cut into chunks run as separate thread blocks, whose fp32 partial results one more kernel
+    merges. 1 (default): never; 0: automatic (when the query blocks leave SMs idle and there
+    are enough keys to share); n > 1: about n chunks. Only float16/bfloat16 CUDA calls without
+    causal or mask options (causal="lower_right" with one query row has none) that the
+    tensor-core kernels can run split; others run as with 1. Not yet timed on a GPU (see the
+    README's Known gaps), hence off by default.
+
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
@@ -147,8 +158,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     if causal is not False and causal is not True:
         return _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend,
                                      attn_mask, left, right, sparse_pattern, sparse_block,
-                                     sparse_summary, block_sparse)
-    if (attn_mask is None and left == -1 and right == -1 and sparse_pattern == "none"
+                                     sparse_summary, block_sparse, num_splits)
+    if num_splits != 1:
+        block_map = None if block_sparse is None else block_sparse.to_map(k.shape[2])
+        blocks = (128, 128) if block_sparse is None else (block_sparse.block_q,
+                                                          block_sparse.block_k)
+        out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend,
+                                         attn_mask, left, right, sparse_pattern, sparse_block,
+                                         sparse_summary, block_map, *blocks, num_splits)
+    elif (attn_mask is None and left == -1 and right == -1 and sparse_pattern == "none"
             and block_sparse is None):
         out, lse = ops.attention_forward(q, k, v, scale, causal, kv_stride, needs_lse, backend)
     elif block_sparse is None:
@@ -166,7 +184,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
 
 def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend, attn_mask,
                           left, right, sparse_pattern, sparse_block, sparse_summary,
-                          block_sparse):
+                          block_sparse, num_splits):
     # causal given by name ("upper_left" / "lower_right"): one call of the kernels' options
     # (_CausalPlan), with the rows that see no key put before its output.
     seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
@@ -181,7 +199,7 @@ def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend
     options = dict(scale=scale, kv_stride=kv_stride, return_lse=True, backend=backend,
                    window=None if window == (-1, -1) else window, sparse_pattern=sparse_pattern,
                    sparse_block=sparse_block, sparse_summary=sparse_summary,
-                   block_sparse=block_sparse)
+                   block_sparse=block_sparse, num_splits=num_splits)
     if plan.empty_rows == 0:
         out, lse = attention(q, k, v, causal=plan.causal, attn_mask=attn_mask, **options)
         return (out, lse) if return_lse else out
@@ -236,10 +254,10 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
                      attn_mask: Optional[Tensor] = None,
                      window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
                      sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
-                     backward: bool = False) -> str:
+                     backward: bool = False, num_splits: int = 1) -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors and options on this
     GPU: "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is
-    honoured.
+    honoured. A call that num_splits splits runs its chunks on "tensor_core".
 
     backward=True: the family of its backward instead (unmasked calls; the gradients, out and
     dout contiguous, as autograd passes them), which can differ from the forward's: e.g. on
@@ -260,10 +278,10 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
                              "with seqlen_k > seqlen_q, a window)")
         return ops.selected_backward_backend(q, k, v, causal, kv_stride, backend)
     left, right = _window_pair(window)
-    extra = () if block_sparse is None else (block_sparse.to_map(k.shape[2]),
-                                             block_sparse.block_q, block_sparse.block_k)
+    extra = (None, 128, 128) if block_sparse is None else (
+        block_sparse.to_map(k.shape[2]), block_sparse.block_q, block_sparse.block_k)
     return ops.selected_backend(q, k, v, causal, kv_stride, backend, attn_mask, left, right,
-                                sparse_pattern, sparse_block, sparse_summary, *extra)
+                                sparse_pattern, sparse_block, sparse_summary, *extra, num_splits)
 
 
 def _as_4d(t: Tensor, name: str) -> Tensor:

@@ -45,7 +45,8 @@ def forward(q, k, v, return_lse, **mask):
         q, k, v, 0.8, True, 1, return_lse, "auto", mask.get("attn_mask"),
         mask.get("window_left", -1), mask.get("window_right", -1),
         mask.get("sparse_pattern", "none"), mask.get("sparse_block", 0), 0,
-        mask.get("block_map"), mask.get("block_q", 128), mask.get("block_k", 128))
+        mask.get("block_map"), mask.get("block_q", 128), mask.get("block_k", 128),
+        mask.get("num_splits", 1))
 
 
 def samattn_calls(graph, op):
@@ -88,14 +89,17 @@ def test_backward_replays_every_option():
         assert not torch.allclose(forward(q, k, v, True, **fewer)[0], full), dropped
 
     def gradients(q, k, v):
-        return torch.autograd.grad(forward(q, k, v, False, **mask)[0].sum(), (q, k, v))
+        # num_splits (no effect on the CPU) must reach the lse recomputation too.
+        return torch.autograd.grad(forward(q, k, v, False, num_splits=3, **mask)[0].sum(),
+                                   (q, k, v))
 
     first, recompute, replayed = traced_replay(gradients, (q, k, v), ops.attention_forward.default,
                                                ops.attention_backward.default, 6)
     assert recompute[:6] == first[:6] and recompute[7:] == first[7:]
+    assert first[17] == 3  # num_splits
     assert replayed[1:4] == first[0:3]  # query, key, value
     assert replayed[6:9] == first[3:6]  # scale, causal, kv_stride
-    assert replayed[10:] == first[7:]  # backend and every mask option
+    assert replayed[10:] == first[7:17]  # backend and every mask option
 
 
 def test_varlen_backward_replays_its_options():

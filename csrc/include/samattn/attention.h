@@ -63,12 +63,22 @@ struct AttentionParams {
 
   Backend backend = Backend::kAuto;
 
+  // Split-key attention (flash-decoding) for calls whose query blocks are too few to fill the
+  // GPU, e.g. decoding against a long KV cache: chunks of keys run as separate thread blocks,
+  // whose fp32 results one more kernel merges. 1: never (the default); 0: when the call has
+  // fewer query blocks than the device runs at once and enough keys to share; n > 1: about n
+  // chunks. Only float16/bfloat16 calls without causal or mask options that the tensor-core
+  // kernels can run split (on them, also under backend auto on Hopper), and only with the
+  // workspace below; any other call runs as it would with 1.
+  int64_t num_splits = 1;
+
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
-  // bytes, aligned to 256 bytes, owned by the caller. Only the Sparse Transformer patterns use
-  // it: "strided" (its residue classes run as dense views whose fp32 output and lse are merged
+  // bytes, aligned to 256 bytes, owned by the caller. The Sparse Transformer patterns use it:
+  // "strided" (its residue classes run as dense views whose fp32 output and lse are merged
   // into the band's softmax) and, on the Hopper forward, "fixed" (its summary columns are
   // gathered and run as one dense call, merged into the own blocks' softmax); without it both
-  // still run, masking element by element on the tensor-core kernels.
+  // still run, masking element by element on the tensor-core kernels. A split call (num_splits)
+  // keeps its chunks' fp32 outputs and lse there; without it the call runs unsplit.
   void* workspace = nullptr;
 };
 

@@ -1,0 +1,140 @@
+#include "attention/key_split.h"
+
+#include <algorithm>
+
+#include "attention/kernel_params.h"
+#include "attention/prior_part.h"
+#include "attention/tensor_core/forward_config.h"
+#include "attention/tensor_core/forward_launch.h"
+#include "attention/validate.h"
+#include "attention/views.h"
+#include "common/check.h"
+#include "common/device.h"
+
+namespace samattn::detail {
+namespace {
+
+// A chunk of fewer key blocks than this pays its start, its fp32 store and its share of the
+// merge for too little streaming; the automatic choice keeps chunks at least this long.
+constexpr int64_t kMinChunkBlocks = 2;
+// Bounds the merge's loop over a row's chunks and the workspace (FlashAttention-2's bound too).
+constexpr int64_t kMaxChunks = 128;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Query rows of every (batch, head) in the workspace arrays.
+int64_t workspace_rows(const AttentionParams& p) { return p.batch * p.heads_q * p.seqlen_q; }
+
+}  // namespace
+
+KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile tile) {
+  const KeySplit none;
+  const bool half = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
+  if (p.num_splits == 1 || !half || p.causal || p.mask.any()) return none;
+  const int64_t keys = strided_key_count(p);
+  if (p.batch == 0 || p.seqlen_q == 0 || keys == 0) return none;
+  const int64_t key_blocks = ceil_div(keys, tile.block_n);
+  int64_t chunks = std::min(p.num_splits, key_blocks);
+  if (p.num_splits == 0) {
+    // Enough chunks for the query blocks to fill every SM's resident blocks once.
+    const int64_t query_blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
+    const int64_t resident = int64_t{multiprocessors} * tile.blocks_per_sm;
+    chunks = std::min({ceil_div(resident, query_blocks), key_blocks / kMinChunkBlocks, kMaxChunks});
+  }
+  chunks = std::min(chunks, kMaxChunks);
+  if (chunks < 2) return none;
+  KeySplit split;
+  split.chunk_keys = ceil_div(key_blocks, chunks) * tile.block_n;
+  split.full_chunks = keys / split.chunk_keys;
+  split.tail_keys = keys - split.full_chunks * split.chunk_keys;
+  return split;
+}
+
+KeySplit key_split_for(const AttentionParams& p) {
+  if (p.num_splits == 1 || !tensor_core::supports(p).ok()) return {};
+  const DeviceInfo& device = current_device_info();
+  const int bytes = dtype_size(p.dtype);
+  // The chunks write fp32 outputs, which only the masked kernel does: it needs a little more
+  // shared memory than the plain one supports() checked.
+  if (tensor_core::forward_masked_smem_bytes(p.head_dim, bytes, false) > device.max_smem_optin) {
+    return {};
+  }
+  const tensor_core::TileShape shape = tensor_core::tile_shape(p.head_dim, bytes);
+  const SplitTile tile{16 * shape.m_tiles * shape.warps, shape.block_n, shape.min_blocks_per_sm};
+  return plan_key_split(p, device.multiprocessors, tile);
+}
+
+size_t key_split_workspace_bytes(const AttentionParams& p, const KeySplit& split) {
+  const auto rows = static_cast<size_t>(split.parts() * workspace_rows(p));
+  return workspace_round_up(rows * static_cast<size_t>(p.head_dim_v) * sizeof(float)) +
+         workspace_round_up(rows * sizeof(float));
+}
+
+SplitWorkspace carve_split_workspace(void* base, const AttentionParams& p, const KeySplit& split) {
+  const auto rows = static_cast<size_t>(split.parts() * workspace_rows(p));
+  auto* bytes = static_cast<unsigned char*>(base);
+  const size_t out_bytes =
+      workspace_round_up(rows * static_cast<size_t>(p.head_dim_v) * sizeof(float));
+  return {reinterpret_cast<float*>(bytes), reinterpret_cast<float*>(bytes + out_bytes)};
+}
+
+std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeySplit& split,
+                                            const SplitWorkspace& workspace) {
+  const int bytes = dtype_size(p.dtype);
+  const int64_t rows = workspace_rows(p);
+  const int64_t dim_v = p.head_dim_v;
+  const int64_t chunk_rows = split.chunk_keys * p.kv_stride;  // physical k/v rows per chunk
+  const int64_t per_launch = heads_merge(p) ? p.batch : 1;    // batch entries per launch
+  // The full chunks, then the tail: (first chunk, chunks, physical rows of each).
+  const struct {
+    int64_t first, count, seqlen_k;
+  } pieces[] = {{0, split.full_chunks, chunk_rows},
+                {split.full_chunks, split.tail_keys > 0 ? 1 : 0,
+                 p.seqlen_k - split.full_chunks * chunk_rows}};
+  std::vector<SplitLaunch> launches;
+  for (int64_t b0 = 0; b0 < p.batch; b0 += per_launch) {
+    for (const auto& piece : pieces) {
+      if (piece.count == 0) continue;
+      AttentionParams view = p;
+      view.batch = piece.count;
+      view.heads_q = p.heads_q * per_launch;
+      view.heads_kv = p.heads_kv * per_launch;
+      view.seqlen_k = piece.seqlen_k;
+      view.mask = MaskOptions{};
+      view.num_splits = 1;
+      view.workspace = nullptr;
+      const int64_t row0 = piece.first * chunk_rows;
+      view.q = advance(p.q, b0 * p.q_strides.batch, bytes);
+      view.k = advance(p.k, b0 * p.k_strides.batch + row0 * p.k_strides.seq, bytes);
+      view.v = advance(p.v, b0 * p.v_strides.batch + row0 * p.v_strides.seq, bytes);
+      // Every chunk reads the same queries: batch stride 0.
+      view.q_strides = {0, p.q_strides.head, p.q_strides.seq};
+      view.k_strides = {chunk_rows * p.k_strides.seq, p.k_strides.head, p.k_strides.seq};
+      view.v_strides = {chunk_rows * p.v_strides.seq, p.v_strides.head, p.v_strides.seq};
+      // Chunk c's (b, h, i) at (c * rows + (b * heads_q + h) * seqlen_q + i), in floats.
+      const int64_t row_offset = piece.first * rows + b0 * p.heads_q * p.seqlen_q;
+      view.out = workspace.out + row_offset * dim_v;
+      view.out_strides = {rows * dim_v, p.seqlen_q * dim_v, dim_v};
+      view.lse = workspace.lse + row_offset;
+      launches.push_back({view, rows, p.seqlen_q});
+    }
+  }
+  return launches;
+}
+
+void key_split_forward(const AttentionParams& p, const KeySplit& split, cudaStream_t stream) {
+  SAMATTN_CHECK(p.workspace != nullptr, "the split-key forward needs a workspace of ",
+                static_cast<uint64_t>(key_split_workspace_bytes(p, split)),
+                " bytes (attention_forward_workspace_bytes)");
+  const SplitWorkspace workspace = carve_split_workspace(p.workspace, p, split);
+  for (const SplitLaunch& launch : key_split_launches(p, split, workspace)) {
+    ForwardKernelParams kernel = make_forward_kernel_params(launch.view);
+    kernel.out_is_float = true;
+    kernel.lse_batch_stride = launch.lse_batch_stride;
+    kernel.lse_head_stride = launch.lse_head_stride;
+    tensor_core::dispatch_forward(p.dtype, kernel, stream);
+  }
+  merge_key_split(p, split, workspace, stream);
+}
+
+}  // namespace samattn::detail

@@ -1,0 +1,109 @@
+// Internal: split-key attention (flash-decoding) for calls with too few query blocks to fill the
+// GPU, such as decoding: a few query rows per (batch, head) against a long KV cache. One thread
+// block per query block would stream all keys through a handful of SMs; instead the keys are cut
+// into chunks and every (chunk, query block) pair is a thread block of one tensor-core launch,
+// each writing its normalised fp32 output and lse into the workspace. A second kernel merges the
+// chunks of every row in one softmax: with m the chunks' largest lse,
+//   out = sum_c exp(lse_c - m) out_c / sum_c exp(lse_c - m),  lse = m + log sum_c exp(lse_c - m),
+// and rounds the output once.
+//
+// The chunks are views the tensor-core kernels already take: the chunk is their batch index
+// (q's batch stride 0, k's and v's one chunk of rows), the (batch, head) pairs their heads when
+// the strides merge them (else one launch per batch entry); a last chunk shorter than the others
+// runs as a second launch. Calls with causal or any mask option do not split (each chunk would
+// need its own key offset).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "common/host_device.h"
+#include "samattn/attention.h"
+
+namespace samattn::detail {
+
+// Keys [0, kept keys) cut into full_chunks chunks of chunk_keys logical keys, then a tail.
+struct KeySplit {
+  int64_t chunk_keys = 0;
+  int64_t full_chunks = 0;
+  int64_t tail_keys = 0;  // keys of the last, shorter chunk (0: none)
+  int64_t parts() const { return full_chunks + (tail_keys > 0 ? 1 : 0); }
+};
+
+// The tensor-core kernel's tile: query rows of a thread block, keys per step, and the blocks an
+// SM runs at once.
+struct SplitTile {
+  int64_t block_m, block_n, blocks_per_sm;
+};
+
+// The split of `params` (validated) for a device with `multiprocessors` SMs running blocks of
+// `tile`, or parts() == 0 when the call does not split: num_splits 1, a dtype other than
+// float16/bfloat16, causal or a mask option, or (num_splits 0) when the query blocks already
+// fill the device or the keys are too few to share out. Pure: no device query.
+KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, SplitTile tile);
+
+// The split attention_forward runs for `params` on the current device with the tensor-core
+// kernels (parts() == 0: none; also when the tensor-core kernels cannot take the call).
+KeySplit key_split_for(const AttentionParams& params);
+
+// fp32 workspace of a split: each chunk's output (parts, batch, heads_q, seqlen_q, head_dim_v)
+// and lse (parts, batch, heads_q, seqlen_q), 256-byte aligned pieces.
+size_t key_split_workspace_bytes(const AttentionParams& params, const KeySplit& split);
+
+struct SplitWorkspace {
+  float* out;
+  float* lse;
+};
+SplitWorkspace carve_split_workspace(void* base, const AttentionParams& params,
+                                     const KeySplit& split);
+
+// One launch of chunks: `view` holds q, k, v, the shapes (batch = chunks, heads = merged
+// (batch, head) pairs) and out (fp32 workspace, strides in floats); its lse goes to view.lse
+// with these strides (the view's chunk and merged head).
+struct SplitLaunch {
+  AttentionParams view;
+  int64_t lse_batch_stride, lse_head_stride;
+};
+
+// Every launch of the split's chunks, in order, writing into `workspace`.
+std::vector<SplitLaunch> key_split_launches(const AttentionParams& params, const KeySplit& split,
+                                            const SplitWorkspace& workspace);
+
+// The merge of one row's chunks (see the top of this file), shared by the kernel and the host
+// tests. `lse` points at the row's lse in chunk 0, consecutive chunks `chunk_stride` apart.
+SAMATTN_HOST_DEVICE float merged_lse(const float* lse, int64_t parts, int64_t chunk_stride) {
+  float largest = -INFINITY;
+  for (int64_t c = 0; c < parts; ++c) largest = fmaxf(largest, lse[c * chunk_stride]);
+  if (largest == -INFINITY) return -INFINITY;  // the row sees no key in any chunk
+  float sum = 0.f;
+  for (int64_t c = 0; c < parts; ++c) sum += expf(lse[c * chunk_stride] - largest);
+  return largest + logf(sum);
+}
+
+// Output column `out[0]` of a row merged from its chunks' outputs (chunk_stride apart) given the
+// row's merged lse: the chunks' weights exp(lse_c - merged) sum to 1.
+SAMATTN_HOST_DEVICE float merged_value(const float* out, const float* lse, int64_t parts,
+                                       int64_t out_chunk_stride, int64_t lse_chunk_stride,
+                                       float merged) {
+  if (merged == -INFINITY) return 0.f;
+  float value = 0.f;
+  for (int64_t c = 0; c < parts; ++c) {
+    const float weight = expf(lse[c * lse_chunk_stride] - merged);
+    if (weight > 0.f) value += weight * out[c * out_chunk_stride];
+  }
+  return value;
+}
+
+// Merges the chunks in the workspace into params.out (params.dtype) and params.lse (if set).
+void merge_key_split(const AttentionParams& params, const KeySplit& split,
+                     const SplitWorkspace& workspace, cudaStream_t stream);
+
+// Runs the split: the chunks' launches on the tensor-core kernels, then the merge
+// (params.workspace of key_split_workspace_bytes bytes).
+void key_split_forward(const AttentionParams& params, const KeySplit& split, cudaStream_t stream);
+
+}  // namespace samattn::detail

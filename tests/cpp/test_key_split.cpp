@@ -1,0 +1,201 @@
+// Split-key attention (attention/key_split.h) on the host: the plan covers every key once, and
+// the chunks' views, run through the fp64 reference and merged with the kernel's merge
+// functions, give the whole call's output and lse. Only the launches themselves need a GPU
+// (tests/python/test_key_split.py).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attention/key_split.h"
+#include "test_support.h"
+
+namespace samattn::testing {
+namespace {
+
+using detail::KeySplit;
+using detail::plan_key_split;
+using detail::SplitTile;
+
+constexpr SplitTile kTile{64, 64, 2};
+constexpr int kMultiprocessors = 132;
+
+AttentionParams decode_params(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t seqlen_k,
+                              int64_t num_splits) {
+  AttentionParams p;
+  p.dtype = DType::kBFloat16;
+  p.batch = batch;
+  p.heads_q = p.heads_kv = heads;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.head_dim = p.head_dim_v = 128;
+  p.num_splits = num_splits;
+  return p;
+}
+
+void expect_covers_every_key(const KeySplit& split, int64_t keys, int64_t block_n) {
+  ASSERT_GE(split.parts(), 2);
+  EXPECT_EQ(split.chunk_keys % block_n, 0);
+  EXPECT_EQ(split.full_chunks * split.chunk_keys + split.tail_keys, keys);
+  EXPECT_GE(split.full_chunks, 1);
+  EXPECT_LT(split.tail_keys, split.chunk_keys);
+}
+
+TEST(KeySplit, PlanCoversEveryKeyOnce) {
+  for (int64_t keys : {65, 128, 129, 1000, 4096, 8191, 100000}) {
+    for (int64_t splits : {0, 2, 3, 7, 64, 1000}) {
+      const KeySplit split =
+          plan_key_split(decode_params(1, 8, 1, keys, splits), kMultiprocessors, kTile);
+      SCOPED_TRACE(::testing::Message() << "keys " << keys << " num_splits " << splits);
+      if (split.parts() == 0) {
+        // Declined only when there are too few key blocks to share.
+        EXPECT_LT((keys + kTile.block_n - 1) / kTile.block_n, splits == 0 ? 4 : 2);
+        continue;
+      }
+      expect_covers_every_key(split, keys, kTile.block_n);
+      if (splits > 1) EXPECT_LE(split.parts(), splits);
+      EXPECT_LE(split.parts(), 128);
+    }
+  }
+}
+
+TEST(KeySplit, KvStrideSplitsTheKeptKeys) {
+  AttentionParams p = decode_params(1, 4, 1, 10000, 4);
+  p.kv_stride = 3;
+  const KeySplit split = plan_key_split(p, kMultiprocessors, kTile);
+  expect_covers_every_key(split, (10000 + 2) / 3, kTile.block_n);
+}
+
+TEST(KeySplit, AutomaticChunksFillTheResidentBlocks) {
+  // 32 query blocks on 132 SMs of two resident blocks: ceil(264 / 32) = 9 chunks of
+  // ceil(128 / 9) = 15 key blocks (960 keys): 8 full chunks and a tail of 512 keys.
+  const KeySplit split = plan_key_split(decode_params(1, 32, 1, 8192, 0), kMultiprocessors, kTile);
+  EXPECT_EQ(split.chunk_keys, 960);
+  EXPECT_EQ(split.full_chunks, 8);
+  EXPECT_EQ(split.tail_keys, 512);
+}
+
+TEST(KeySplit, PlanDeclines) {
+  const auto parts = [](const AttentionParams& p) {
+    return plan_key_split(p, kMultiprocessors, kTile).parts();
+  };
+  const AttentionParams base = decode_params(1, 8, 1, 8192, 0);
+  ASSERT_GT(parts(base), 0);
+  AttentionParams p = base;
+  p.num_splits = 1;
+  EXPECT_EQ(parts(p), 0) << "num_splits 1 never splits";
+  p = base;
+  p.dtype = DType::kFloat32;
+  EXPECT_EQ(parts(p), 0) << "float32 runs on other kernels";
+  p = base;
+  p.causal = true;
+  EXPECT_EQ(parts(p), 0) << "causal would need a key offset per chunk";
+  p = base;
+  p.mask.window_left = 100;
+  EXPECT_EQ(parts(p), 0) << "mask options would need a key offset per chunk";
+  // Enough query blocks to fill the device: 264 resident blocks.
+  EXPECT_EQ(parts(decode_params(33, 8, 1, 8192, 0)), 0);
+  EXPECT_GT(parts(decode_params(33, 8, 1, 8192, 4)), 0) << "an explicit count still splits";
+  // Three key blocks: chunks of one block would cost more than they share.
+  EXPECT_EQ(parts(decode_params(1, 8, 1, 3 * kTile.block_n, 0)), 0);
+  EXPECT_EQ(parts(decode_params(1, 8, 0, 8192, 0)), 0) << "no queries";
+  EXPECT_EQ(parts(decode_params(1, 8, 1, 0, 0)), 0) << "no keys";
+}
+
+TEST(KeySplit, MergeOfRowsWithoutKeys) {
+  const float none[] = {-INFINITY, -INFINITY, -INFINITY};
+  const float outs[] = {1.f, 2.f, 3.f};
+  EXPECT_EQ(detail::merged_lse(none, 3, 1), -INFINITY);
+  EXPECT_EQ(detail::merged_value(outs, none, 3, 1, 1, -INFINITY), 0.f);
+  // A chunk without keys (lse -inf) adds nothing, whatever its output holds.
+  const float lse[] = {0.5f, -INFINITY};
+  const float values[] = {4.f, NAN};
+  const float merged = detail::merged_lse(lse, 2, 1);
+  EXPECT_FLOAT_EQ(merged, 0.5f);
+  EXPECT_FLOAT_EQ(detail::merged_value(values, lse, 2, 1, 1, merged), 4.f);
+}
+
+struct SplitCase {
+  const char* name;
+  Shape shape;
+  bool seq_major;
+  int64_t kv_stride;
+  int64_t num_splits;
+};
+
+// Runs each chunk launch through the fp64 reference (float32 in and out) into a workspace laid
+// out as the kernels' (lse at the launch's strides), merges it with merged_lse / merged_value,
+// and compares with the unsplit reference.
+void check_split_equals_whole(const SplitCase& c) {
+  SCOPED_TRACE(c.name);
+  Problem problem(c.shape, DType::kFloat32, c.seq_major, 11);
+  problem.params.kv_stride = c.kv_stride;
+  problem.params.num_splits = c.num_splits;
+  const HostTensor whole = problem.reference(true);
+  const std::vector<double> whole_lse = problem.lse;
+
+  // The plan looks at the dtype only to decline; the views do not depend on it.
+  AttentionParams planned = problem.params;
+  planned.dtype = DType::kBFloat16;
+  const KeySplit split = plan_key_split(planned, kMultiprocessors, kTile);
+  ASSERT_GE(split.parts(), 2);
+
+  const AttentionParams& p = problem.params;
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  std::vector<unsigned char> workspace(detail::key_split_workspace_bytes(p, split));
+  const detail::SplitWorkspace ws = detail::carve_split_workspace(workspace.data(), p, split);
+  std::fill(ws.out, ws.out + split.parts() * rows * p.head_dim_v, NAN);
+  std::fill(ws.lse, ws.lse + split.parts() * rows, NAN);
+
+  int64_t chunks_run = 0;
+  for (const detail::SplitLaunch& launch : detail::key_split_launches(p, split, ws)) {
+    AttentionParams view = launch.view;
+    const int64_t heads = view.heads_q, seq = view.seqlen_q;
+    std::vector<float> lse(view.batch * heads * seq);
+    float* lse_at = static_cast<float*>(view.lse);
+    view.lse = lse.data();
+    reference_attention_forward(view);
+    for (int64_t b = 0; b < view.batch; ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < seq; ++i) {
+          lse_at[b * launch.lse_batch_stride + h * launch.lse_head_stride + i] =
+              lse[(b * heads + h) * seq + i];
+        }
+      }
+    }
+    chunks_run += view.batch * heads / p.heads_q;
+  }
+  EXPECT_EQ(chunks_run, split.parts() * p.batch) << "every (chunk, batch entry) once";
+
+  const int64_t dim_v = p.head_dim_v;
+  const Tolerance tol = tolerance_for(DType::kFloat32);
+  const double scale = max_abs(whole);
+  for (int64_t row = 0; row < rows; ++row) {
+    const float merged = detail::merged_lse(ws.lse + row, split.parts(), rows);
+    ASSERT_NEAR(merged, whole_lse[row], 1e-5 * std::max(1.0, std::abs(whole_lse[row])));
+    for (int64_t d = 0; d < dim_v; ++d) {
+      const double got = detail::merged_value(ws.out + row * dim_v + d, ws.lse + row, split.parts(),
+                                              rows * dim_v, rows, merged);
+      const double want = whole.get(row * dim_v + d);
+      ASSERT_NEAR(got, want, tol.rtol * std::abs(want) + tol.atol * scale)
+          << "row " << row << " column " << d;
+    }
+  }
+}
+
+TEST(KeySplit, ChunksMergedEqualTheWholeCall) {
+  const SplitCase cases[] = {
+      {"decode_gqa", {2, 8, 2, 1, 1000, 32, 32}, false, 1, 0},
+      {"decode_seq_major", {3, 4, 4, 1, 700, 16, 16}, true, 1, 5},
+      {"rows_seq_major_gqa", {2, 6, 3, 5, 333, 8, 8}, true, 1, 3},
+      {"kv_stride", {2, 4, 2, 3, 1001, 16, 16}, false, 3, 2},
+      {"more_rows_than_a_block", {1, 2, 1, 70, 600, 16, 16}, false, 1, 4},
+      {"tail_of_one_key", {1, 2, 2, 2, 129, 16, 16}, false, 1, 2},
+      {"many_chunks", {1, 2, 1, 1, 5000, 8, 8}, false, 1, 100},
+  };
+  for (const SplitCase& c : cases) check_split_equals_whole(c);
+}
+
+}  // namespace
+}  // namespace samattn::testing
