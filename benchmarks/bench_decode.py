@@ -1,0 +1,147 @@
+"""Decoding: one query per (batch, head) against a KV cache, bf16, head dim 128, where the keys
+and values in memory set the time. samattn unsplit (num_splits=1, one thread block per
+(batch, head): a few SMs stream the whole cache) against its split-key forward (num_splits=0,
+automatic; and a fixed count) and torch SDPA's flash, cuDNN and memory-efficient backends, in
+alternating rounds in one process, the caches in (B, S, H, D) storage as a model keeps them, and
+enough copies of the inputs cycled that no call finds them in L2.
+
+Floor: a call must read the cache once, 2 * B * S * Hkv * D * 2 bytes; the JSON gives each
+method's effective bandwidth (those bytes over its time), to hold against the GPU's HBM
+bandwidth. Outputs are checked against a float32 SDPA (math) of the same inputs before timing;
+the exit status is 1 when a split output is further from it than the unsplit one by more than
+one bf16 rounding.
+
+    python3 benchmarks/bench_decode.py --out $OUT/decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import samattn
+from samattn.bench.timing import measure_interleaved, rotation_count
+
+HEAD_DIM = 128
+# (batch, query heads, kv heads, cached keys)
+SHAPES = [(1, 32, 8, 4096), (1, 32, 8, 16384), (1, 32, 8, 65536), (4, 32, 8, 16384),
+          (16, 32, 8, 8192), (1, 32, 32, 16384), (64, 32, 8, 2048)]
+SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                 "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def git_commit() -> str:
+    if os.environ.get("SAMATTN_COMMIT"):
+        return os.environ["SAMATTN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def input_sets(batch, heads_q, heads_kv, keys, count, generator):
+    """`count` independent (q, k, v) sets: q (B, Hq, 1, D), k and v (B, Hkv, S, D) views of
+    (B, S, Hkv, D) storage."""
+    sets = []
+    for _ in range(count):
+        q = torch.randn(batch, 1, heads_q, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+                        generator=generator).transpose(1, 2)
+        k, v = (torch.randn(batch, keys, heads_kv, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+                            generator=generator).transpose(1, 2) for _ in range(2))
+        sets.append((q, k, v))
+    return sets
+
+
+def methods_for(sets, splits: int, gqa: bool) -> dict:
+    def samattn_call(q, k, v, num_splits):
+        return lambda: samattn.attention(q, k, v, num_splits=num_splits)
+
+    def sdpa_call(q, k, v, backend):
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        return call
+
+    methods = {"samattn": [samattn_call(*s, 1) for s in sets],
+               "samattn_split_auto": [samattn_call(*s, 0) for s in sets],
+               f"samattn_split_{splits}": [samattn_call(*s, splits) for s in sets]}
+    for name, backend in SDPA_BACKENDS.items():
+        methods[name] = [sdpa_call(*s, backend) for s in sets]
+    return methods
+
+
+def max_error(call, reference) -> float:
+    return (call().float() - reference).abs().max().item()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="decode.json")
+    parser.add_argument("--budget-ms", type=float, default=200.0)
+    parser.add_argument("--splits", type=int, default=8, help="the fixed chunk count timed")
+    args = parser.parse_args(argv)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    rows, failed = [], False
+    for batch, heads_q, heads_kv, keys in SHAPES:
+        cache_bytes = 2 * batch * keys * heads_kv * HEAD_DIM * 2
+        count = rotation_count(cache_bytes, torch.cuda.mem_get_info()[0])
+        sets = input_sets(batch, heads_q, heads_kv, keys, count, generator)
+        gqa = heads_q != heads_kv
+        methods = methods_for(sets, args.splits, gqa)
+        q, k, v = sets[0]
+        reference = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), enable_gqa=gqa)
+        errors, runnable = {}, {}
+        for name, calls in methods.items():
+            try:
+                errors[name] = max_error(calls[0], reference)
+                runnable[name] = calls
+            except RuntimeError as error:  # an SDPA backend that declines the shape
+                errors[name] = f"not run: {str(error).splitlines()[0][:200]}"
+        torch.cuda.synchronize()
+        # A split output further from the reference than the unsplit one by more than one bf16
+        # rounding of the output's largest element is wrong, not rounded differently.
+        bound = errors["samattn"] + reference.abs().max().item() * 2.0 ** -8
+        for name in ("samattn_split_auto", f"samattn_split_{args.splits}"):
+            if not isinstance(errors[name], float) or errors[name] > bound:
+                failed = True
+        timings = measure_interleaved(runnable, rounds=2, budget_ms=args.budget_ms)
+        sdpa = [t.median_ms for n, t in timings.items() if n.startswith("sdpa")]
+        best_sdpa = min(sdpa) if sdpa else None
+        row = {"batch": batch, "heads_q": heads_q, "heads_kv": heads_kv, "seqlen_q": 1,
+               "seqlen_k": keys, "head_dim": HEAD_DIM, "cache_bytes": cache_bytes,
+               "input_sets": count,
+               "selected_backend": {
+                   "unsplit": samattn.selected_backend(q, k, v),
+                   "split_auto": samattn.selected_backend(q, k, v, num_splits=0)},
+               "max_abs_error_vs_fp32": errors, "methods": {}}
+        for name, t in timings.items():
+            row["methods"][name] = {
+                "median_ms": t.median_ms, "min_ms": t.min_ms, "max_ms": t.max_ms,
+                "reps": t.reps, "cache_gb_per_s": cache_bytes / (t.median_ms * 1e-3) / 1e9,
+                "best_sdpa_over_this": best_sdpa / t.median_ms if best_sdpa else None}
+        rows.append(row)
+        line = " ".join(f"{n}={t.median_ms * 1e3:.1f}us" for n, t in timings.items())
+        print(f"B={batch} Hq={heads_q} Hkv={heads_kv} S={keys}: {line}")
+    result = {"gpu": props.name, "commit": git_commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "dtype": "bf16", "layout": "(B, S, H, D) caches",
+              "split_outputs_within_bound": not failed, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"split outputs within bound: {not failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
