@@ -36,8 +36,10 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
   const int64_t key_blocks = ceil_div(keys, tile.block_n);
   int64_t chunks = std::min(p.num_splits, key_blocks);
   if (p.num_splits == 0) {
-    // Enough chunks for the query blocks to fill every SM's resident blocks once.
-    const int64_t query_blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
+    // Enough chunks for one launch's query blocks to fill every SM's resident blocks once (the
+    // launches of batch entries whose heads do not merge run one after the other).
+    const int64_t batches = heads_merge(p) ? p.batch : 1;
+    const int64_t query_blocks = batches * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
     const int64_t resident = int64_t{multiprocessors} * tile.blocks_per_sm;
     chunks = std::min({ceil_div(resident, query_blocks), key_blocks / kMinChunkBlocks, kMaxChunks});
   }

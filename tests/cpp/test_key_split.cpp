@@ -76,6 +76,18 @@ TEST(KeySplit, AutomaticChunksFillTheResidentBlocks) {
   EXPECT_EQ(split.tail_keys, 512);
 }
 
+TEST(KeySplit, AutomaticChunksFillEachLaunch) {
+  // (B, S, H, D) caches: the (batch, head) pairs do not merge, each batch entry is a launch of
+  // 8 query blocks, so each gets ceil(264 / 8) = 33 chunks, as a single entry would.
+  AttentionParams p = decode_params(4, 8, 1, 8192, 0);
+  p.k_strides = p.v_strides = {8192 * 8 * 128, 128, 8 * 128};
+  p.q_strides = {8 * 128, 128, 8 * 128};
+  const KeySplit split = plan_key_split(p, kMultiprocessors, kTile);
+  EXPECT_EQ(split.parts(),
+            plan_key_split(decode_params(1, 8, 1, 8192, 0), kMultiprocessors, kTile).parts());
+  EXPECT_EQ(split.chunk_keys, 4 * kTile.block_n);  // ceil(128 / 33) = 4 blocks
+}
+
 TEST(KeySplit, PlanDeclines) {
   const auto parts = [](const AttentionParams& p) {
     return plan_key_split(p, kMultiprocessors, kTile).parts();
