@@ -27,6 +27,24 @@ int64_t workspace_rows(const AttentionParams& p) { return p.batch * p.heads_q * 
 
 }  // namespace
 
+AttentionParams packed_query_heads(const AttentionParams& p) {
+  const int64_t group = p.heads_q / p.heads_kv;
+  const bool rows_follow_heads =
+      p.seqlen_q == 1 || (p.q_strides.head == p.seqlen_q * p.q_strides.seq &&
+                          p.out_strides.head == p.seqlen_q * p.out_strides.seq);
+  if (group == 1 || p.causal || p.mask.any() || !rows_follow_heads) return p;
+  AttentionParams packed = p;
+  packed.heads_q = p.heads_kv;
+  packed.seqlen_q = group * p.seqlen_q;
+  // With one query row the heads are the rows; otherwise the rows of consecutive heads are
+  // consecutive rows.
+  const int64_t q_row = p.seqlen_q == 1 ? p.q_strides.head : p.q_strides.seq;
+  const int64_t out_row = p.seqlen_q == 1 ? p.out_strides.head : p.out_strides.seq;
+  packed.q_strides = {p.q_strides.batch, group * p.q_strides.head, q_row};
+  packed.out_strides = {p.out_strides.batch, group * p.out_strides.head, out_row};
+  return packed;
+}
+
 KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile tile) {
   const KeySplit none;
   const bool half = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
@@ -63,7 +81,7 @@ KeySplit key_split_for(const AttentionParams& p) {
   }
   const tensor_core::TileShape shape = tensor_core::tile_shape(p.head_dim, bytes);
   const SplitTile tile{16 * shape.m_tiles * shape.warps, shape.block_n, shape.min_blocks_per_sm};
-  return plan_key_split(p, device.multiprocessors, tile);
+  return plan_key_split(packed_query_heads(p), device.multiprocessors, tile);
 }
 
 size_t key_split_workspace_bytes(const AttentionParams& p, const KeySplit& split) {
@@ -124,7 +142,8 @@ std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeyS
   return launches;
 }
 
-void key_split_forward(const AttentionParams& p, const KeySplit& split, cudaStream_t stream) {
+void key_split_forward(const AttentionParams& params, const KeySplit& split, cudaStream_t stream) {
+  const AttentionParams p = packed_query_heads(params);
   SAMATTN_CHECK(p.workspace != nullptr, "the split-key forward needs a workspace of ",
                 static_cast<uint64_t>(key_split_workspace_bytes(p, split)),
                 " bytes (attention_forward_workspace_bytes)");

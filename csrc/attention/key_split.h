@@ -40,6 +40,15 @@ struct SplitTile {
   int64_t block_m, block_n, blocks_per_sm;
 };
 
+// The call with the query heads that share a key/value head packed as the rows of one head
+// (grouped-query attention): q (B, Hq, Sq, D) read as (B, Hkv, G * Sq, D), G = Hq / Hkv, and out
+// likewise, so one thread block reads a chunk of K and V for all G heads instead of each of them
+// reading it again. lse's layout is the same: row g * Sq + i of kv head j is query head
+// j * G + g's row i. Possible without causal or mask options (which depend on the row's
+// position) when each head of q and out is Sq rows apart (always with Sq = 1, decoding);
+// otherwise, or with G = 1, `params` is returned unchanged. The split-key forward runs packed.
+AttentionParams packed_query_heads(const AttentionParams& params);
+
 // The split of `params` (validated) for a device with `multiprocessors` SMs running blocks of
 // `tile`, or parts() == 0 when the call does not split: num_splits 1, a dtype other than
 // float16/bfloat16, causal or a mask option, or (num_splits 0) when the query blocks already
@@ -47,7 +56,9 @@ struct SplitTile {
 KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, SplitTile tile);
 
 // The split attention_forward runs for `params` on the current device with the tensor-core
-// kernels (parts() == 0: none; also when the tensor-core kernels cannot take the call).
+// kernels, planned on packed_query_heads(params) (parts() == 0: none; also when the tensor-core
+// kernels cannot take the call). The workspace, the launches and the merge below take the
+// packed parameters.
 KeySplit key_split_for(const AttentionParams& params);
 
 // fp32 workspace of a split: each chunk's output (parts, batch, heads_q, seqlen_q, head_dim_v)
@@ -102,8 +113,8 @@ SAMATTN_HOST_DEVICE float merged_value(const float* out, const float* lse, int64
 void merge_key_split(const AttentionParams& params, const KeySplit& split,
                      const SplitWorkspace& workspace, cudaStream_t stream);
 
-// Runs the split: the chunks' launches on the tensor-core kernels, then the merge
-// (params.workspace of key_split_workspace_bytes bytes).
+// Runs the split of key_split_for(params): packs the query heads, runs the chunks' launches on
+// the tensor-core kernels, then the merge (params.workspace of key_split_workspace_bytes bytes).
 void key_split_forward(const AttentionParams& params, const KeySplit& split, cudaStream_t stream);
 
 }  // namespace samattn::detail

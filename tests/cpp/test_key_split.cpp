@@ -128,12 +128,50 @@ TEST(KeySplit, MergeOfRowsWithoutKeys) {
   EXPECT_FLOAT_EQ(detail::merged_value(values, lse, 2, 1, 1, merged), 4.f);
 }
 
+TEST(KeySplit, PackedQueryHeadsComputeTheSameRows) {
+  struct PackCase {
+    const char* name;
+    Shape shape;
+    bool seq_major;
+    bool causal;
+    bool out_seq_major;
+    bool packs;
+  };
+  const PackCase cases[] = {
+      {"decode_seq_major", {2, 8, 2, 1, 50, 16, 16}, true, false, false, true},
+      {"rows_heads_major", {2, 6, 2, 5, 40, 16, 8}, false, false, false, true},
+      {"rows_seq_major", {2, 6, 2, 5, 40, 16, 16}, true, false, false, false},
+      {"rows_out_seq_major", {2, 6, 2, 5, 40, 16, 16}, false, false, true, false},
+      {"causal", {1, 4, 2, 5, 40, 16, 16}, false, true, false, false},
+      {"no_group", {1, 4, 4, 1, 40, 16, 16}, false, false, false, false},
+  };
+  for (const PackCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem problem(c.shape, DType::kFloat64, c.seq_major, 5);
+    problem.params.causal = c.causal;
+    if (c.out_seq_major) {
+      problem.params.out_strides =
+          Problem::strides(c.shape.heads_q, c.shape.seqlen_q, c.shape.head_dim_v, true);
+    }
+    const HostTensor whole = problem.reference(true);
+    const std::vector<double> whole_lse = problem.lse;
+    const AttentionParams packed = detail::packed_query_heads(problem.params);
+    EXPECT_EQ(packed.heads_q != problem.params.heads_q, c.packs);
+    // The packed call writes the same memory: every output element and lse bit for bit.
+    problem.params = packed;
+    const HostTensor again = problem.reference(true);
+    EXPECT_EQ(again.bytes, whole.bytes);
+    EXPECT_EQ(problem.lse, whole_lse);
+  }
+}
+
 struct SplitCase {
   const char* name;
   Shape shape;
   bool seq_major;
   int64_t kv_stride;
   int64_t num_splits;
+  bool packs;  // grouped query heads packed as rows (packed_query_heads)
 };
 
 // Runs each chunk launch through the fp64 reference (float32 in and out) into a workspace laid
@@ -147,13 +185,15 @@ void check_split_equals_whole(const SplitCase& c) {
   const HostTensor whole = problem.reference(true);
   const std::vector<double> whole_lse = problem.lse;
 
-  // The plan looks at the dtype only to decline; the views do not depend on it.
-  AttentionParams planned = problem.params;
+  // As the GPU path: the query heads packed, then planned. The plan looks at the dtype only to
+  // decline; the views do not depend on it.
+  const AttentionParams p = detail::packed_query_heads(problem.params);
+  EXPECT_EQ(p.heads_q != problem.params.heads_q, c.packs);
+  AttentionParams planned = p;
   planned.dtype = DType::kBFloat16;
   const KeySplit split = plan_key_split(planned, kMultiprocessors, kTile);
   ASSERT_GE(split.parts(), 2);
 
-  const AttentionParams& p = problem.params;
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   std::vector<unsigned char> workspace(detail::key_split_workspace_bytes(p, split));
   const detail::SplitWorkspace ws = detail::carve_split_workspace(workspace.data(), p, split);
@@ -198,13 +238,14 @@ void check_split_equals_whole(const SplitCase& c) {
 
 TEST(KeySplit, ChunksMergedEqualTheWholeCall) {
   const SplitCase cases[] = {
-      {"decode_gqa", {2, 8, 2, 1, 1000, 32, 32}, false, 1, 0},
-      {"decode_seq_major", {3, 4, 4, 1, 700, 16, 16}, true, 1, 5},
-      {"rows_seq_major_gqa", {2, 6, 3, 5, 333, 8, 8}, true, 1, 3},
-      {"kv_stride", {2, 4, 2, 3, 1001, 16, 16}, false, 3, 2},
-      {"more_rows_than_a_block", {1, 2, 1, 70, 600, 16, 16}, false, 1, 4},
-      {"tail_of_one_key", {1, 2, 2, 2, 129, 16, 16}, false, 1, 2},
-      {"many_chunks", {1, 2, 1, 1, 5000, 8, 8}, false, 1, 100},
+      {"decode_gqa", {2, 8, 2, 1, 1000, 32, 32}, false, 1, 0, true},
+      {"decode_gqa_seq_major", {3, 8, 2, 1, 1000, 32, 32}, true, 1, 0, true},
+      {"decode_seq_major", {3, 4, 4, 1, 700, 16, 16}, true, 1, 5, false},
+      {"rows_seq_major_gqa", {2, 6, 3, 5, 333, 8, 8}, true, 1, 3, false},
+      {"kv_stride", {2, 4, 2, 3, 1001, 16, 16}, false, 3, 2, true},
+      {"more_rows_than_a_block", {1, 2, 1, 70, 600, 16, 16}, false, 1, 4, true},
+      {"tail_of_one_key", {1, 2, 2, 2, 129, 16, 16}, false, 1, 2, false},
+      {"many_chunks", {1, 2, 1, 1, 5000, 8, 8}, false, 1, 100, true},
   };
   for (const SplitCase& c : cases) check_split_equals_whole(c);
 }
