@@ -81,7 +81,14 @@ KeySplit key_split_for(const AttentionParams& p) {
   }
   const tensor_core::TileShape shape = tensor_core::tile_shape(p.head_dim, bytes);
   const SplitTile tile{16 * shape.m_tiles * shape.warps, shape.block_n, shape.min_blocks_per_sm};
-  return plan_key_split(packed_query_heads(p), device.multiprocessors, tile);
+  const AttentionParams packed = packed_query_heads(p);
+  const KeySplit split = plan_key_split(packed, device.multiprocessors, tile);
+  // The masked kernel's length limit, for the chunks' rows and keys.
+  if (packed.seqlen_q >= tensor_core::kMaxMaskedLength ||
+      split.chunk_keys * p.kv_stride >= tensor_core::kMaxMaskedLength) {
+    return {};
+  }
+  return split;
 }
 
 size_t key_split_workspace_bytes(const AttentionParams& p, const KeySplit& split) {

@@ -10,6 +10,10 @@ namespace samattn::tensor_core {
 // it. Anything else runs on SIMT.
 inline constexpr int kSupportedHeadDims[] = {32, 64, 96, 128, 192, 256};
 
+// The masked kernel keeps block coordinates and key indices in 32-bit registers: its seqlen_q
+// and seqlen_k stay below this.
+inline constexpr int64_t kMaxMaskedLength = int64_t{1} << 30;
+
 constexpr bool is_supported_head_dim(int64_t head_dim) {
   for (int d : kSupportedHeadDims) {
     if (d == head_dim) return true;

@@ -15,9 +15,6 @@ Status unsupported(const std::string& why) {
   return Status::failure("backend tensor_core does not support " + why);
 }
 
-// The masked kernel keeps block coordinates and key indices in 32-bit registers.
-constexpr int64_t kMaxMaskedLength = int64_t{1} << 30;
-
 // Whether the masked kernel needs its per-element mask tile (tensor_core/forward_config.h):
 // detail::forward_needs_mask_tile on the call's options (the fixed pattern alone is masked in
 // registers).
