@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -61,10 +63,14 @@ class MultiheadAttention(nn.Module):
     kv_stride: strided attention (seed 000): query i sees keys j with j % kv_stride == 0.
     kdim, vdim: feature sizes of key and value inputs for cross-attention (default embed_dim).
 
-    forward(query, key=None, value=None, *, causal=None): self-attention when key and value are
-    omitted. With num_kv_heads == num_heads and kv_stride == 1 this computes what
-    torch.nn.MultiheadAttention(batch_first=True) computes (without dropout or masks), and
-    load_from_torch copies such a module's weights.
+    forward(query, key=None, value=None, *, causal=None, attn_mask=None,
+    key_padding_mask=None): self-attention when key and value are omitted. The masks follow
+    torch.nn.MultiheadAttention's convention (not SDPA's): a boolean attn_mask, (L, S) or
+    (batch * num_heads, L, S), is True where a query may NOT attend, a float one is added to
+    the scores; key_padding_mask (batch, S) is True (or -inf) at the keys to ignore. With
+    num_kv_heads == num_heads and kv_stride == 1 this computes what
+    torch.nn.MultiheadAttention(batch_first=True) computes (without dropout; a row whose keys are
+    all masked gives 0 here, NaN there), and load_from_torch copies such a module's weights.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -100,8 +106,9 @@ class MultiheadAttention(nn.Module):
         return x.view(batch, seq_len, heads, width // heads).transpose(1, 2)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
-                value: torch.Tensor | None = None, *,
-                causal: bool | str | None = None) -> torch.Tensor:
+                value: torch.Tensor | None = None, *, causal: bool | str | None = None,
+                attn_mask: torch.Tensor | None = None,
+                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         if query.dim() != 3:
             raise ValueError(f"MultiheadAttention: query must be (batch, seq_len, embed_dim), "
                              f"got shape {tuple(query.shape)}")
@@ -111,9 +118,45 @@ class MultiheadAttention(nn.Module):
         q = self._split_heads(self.q_proj(query), self.num_heads)
         k = self._split_heads(self.k_proj(key), self.num_kv_heads)
         v = self._split_heads(self.v_proj(value), self.num_kv_heads)
+        mask = self._sdpa_mask(attn_mask, key_padding_mask, batch, seq_len, key.shape[1])
         out = attention(q, k, v, causal=self.causal if causal is None else causal,
-                        kv_stride=self.kv_stride)
+                        kv_stride=self.kv_stride, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(batch, seq_len, self.embed_dim))
+
+    def _sdpa_mask(self, attn_mask, key_padding_mask, batch, seq_q, seq_k):
+        """torch.nn.MultiheadAttention's masks (True = hidden) as one SDPA-style mask
+        broadcastable to (batch, num_heads, L, S): boolean True = attend, or additive float."""
+        if attn_mask is None and key_padding_mask is None:
+            return None
+        masks = []
+        if attn_mask is not None:
+            if attn_mask.dim() == 3:
+                if attn_mask.shape != (batch * self.num_heads, seq_q, seq_k):
+                    raise ValueError(f"MultiheadAttention: a 3-D attn_mask must be (batch * "
+                                     f"num_heads, L, S) = {(batch * self.num_heads, seq_q, seq_k)}"
+                                     f", got {tuple(attn_mask.shape)}")
+                attn_mask = attn_mask.view(batch, self.num_heads, seq_q, seq_k)
+            elif attn_mask.shape != (seq_q, seq_k):
+                raise ValueError(f"MultiheadAttention: attn_mask must be (L, S) = "
+                                 f"{(seq_q, seq_k)} or (batch * num_heads, L, S), got "
+                                 f"{tuple(attn_mask.shape)}")
+            masks.append(attn_mask)
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (batch, seq_k):
+                raise ValueError(f"MultiheadAttention: key_padding_mask must be (batch, S) = "
+                                 f"{(batch, seq_k)}, got {tuple(key_padding_mask.shape)}")
+            masks.append(key_padding_mask[:, None, None, :])
+        if all(m.dtype == torch.bool for m in masks):
+            hidden = masks[0] if len(masks) == 1 else masks[0] | masks[1]
+            return hidden.logical_not()
+        # Any float mask: every mask as an additive term (boolean True -> -inf).
+        dtype = next(m.dtype for m in masks if m.dtype != torch.bool)
+        total = None
+        for m in masks:
+            term = (torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(m, -math.inf)
+                    if m.dtype == torch.bool else m)
+            total = term if total is None else total + term
+        return total
 
     @torch.no_grad()
     def load_from_torch(self, module: nn.MultiheadAttention) -> "MultiheadAttention":

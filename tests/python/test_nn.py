@@ -86,6 +86,49 @@ def test_lower_right_causal_against_torch_with_a_cache_cpu():
     assert_close(ours(new, sequence), full[:, 7:], torch.float64)
 
 
+def _torch_masks(kind, batch, heads, seq_q, seq_k, gen):
+    """torch.nn.MultiheadAttention's masks (True = hidden), key 0 always visible."""
+    hidden = torch.rand(seq_q, seq_k, generator=gen) > 0.6
+    hidden[:, 0] = False
+    padding = torch.rand(batch, seq_k, generator=gen) > 0.6
+    padding[:, 0] = False
+    bias = torch.randn(seq_q, seq_k, generator=gen, dtype=torch.float64)
+    per_head = torch.randn(batch * heads, seq_q, seq_k, generator=gen, dtype=torch.float64)
+    return {"bool": dict(attn_mask=hidden),
+            "float": dict(attn_mask=bias),
+            "per_head": dict(attn_mask=per_head),
+            "padding": dict(key_padding_mask=padding),
+            "bool_and_padding": dict(attn_mask=hidden, key_padding_mask=padding),
+            "float_and_padding": dict(attn_mask=bias, key_padding_mask=padding),
+            "float_padding": dict(key_padding_mask=torch.zeros(batch, seq_k, dtype=torch.float64)
+                                  .masked_fill(padding, float("-inf")))}[kind]
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "per_head", "padding", "bool_and_padding",
+                                  "float_and_padding", "float_padding"])
+def test_masks_follow_torch_multihead_attention_cpu(kind):
+    torch.manual_seed(3)
+    ours = samattn.nn.MultiheadAttention(24, 3, dtype=torch.float64)
+    theirs = torch.nn.MultiheadAttention(24, 3, batch_first=True, dtype=torch.float64)
+    ours.load_from_torch(theirs)
+    query = torch.randn(2, 6, 24, dtype=torch.float64)
+    memory = torch.randn(2, 9, 24, dtype=torch.float64)
+    masks = _torch_masks(kind, 2, 3, 6, 9, torch.Generator().manual_seed(4))
+    expected, _ = theirs(query, memory, memory, need_weights=False, **masks)
+    assert_close(ours(query, memory, **masks), expected, torch.float64)
+
+
+def test_mask_shapes_are_checked():
+    module = samattn.nn.MultiheadAttention(16, 4, dtype=torch.float64)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"attn_mask must be \(L, S\) = \(5, 5\)"):
+        module(x, attn_mask=torch.zeros(5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"3-D attn_mask must be \(batch \* num_heads, L, S\)"):
+        module(x, attn_mask=torch.zeros(4, 5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be \(batch, S\) = \(2, 5\)"):
+        module(x, key_padding_mask=torch.zeros(5, 2, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"embed_dim": 30, "num_heads": 4}, "multiple of num_heads"),
     ({"embed_dim": 32, "num_heads": 4, "num_kv_heads": 3}, "multiple of num_kv_heads"),
