@@ -38,6 +38,13 @@ def test_one_query_lower_right_is_unmasked():
                        samattn.attention(q, k, v))
 
 
+def test_torch_compile_traces_num_splits():
+    q, k, v = make_qkv(1, 4, 2, 1, 200, 8, dtype=torch.float64, seed=9)
+    compiled = torch.compile(lambda q, k, v: samattn.attention(q, k, v, num_splits=0),
+                             fullgraph=True, backend="eager")
+    assert torch.equal(compiled(q, k, v), samattn.attention(q, k, v))
+
+
 # ---- GPU --------------------------------------------------------------------------------------
 
 HALF = [torch.float16, torch.bfloat16]
