@@ -228,6 +228,57 @@ TEST_P(TensorCoreGpu, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()), case_name);
 
+// Split-key attention (attention/key_split.h): the chunks on the tensor-core kernel and the
+// merge, against the unsplit kernel's bound, lse against the fp64 reference.
+TEST(KeySplitGpu, MatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  struct SplitScenario {
+    const char* name;
+    Shape shape;
+    bool seq_major;
+    int64_t kv_stride, num_splits;
+  };
+  const SplitScenario scenarios[] = {
+      {"decode_gqa_4to1_seq_major", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
+      {"decode_d64", {3, 4, 4, 1, 1000, 64, 64}, false, 1, 7},
+      {"rows_gqa_kv_stride3_d96", {1, 4, 2, 5, 1777, 96, 96}, false, 3, 4},
+      {"tail_of_one_key_d32", {1, 2, 1, 3, 257, 32, 32}, false, 1, 2},
+      {"rows_d256", {1, 2, 2, 70, 900, 256, 256}, false, 1, 3},
+      {"decode_d192_many_chunks", {1, 2, 1, 1, 5000, 192, 192}, true, 1, 1000},
+  };
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const SplitScenario& sc : scenarios) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + "/" + sc.name);
+      Problem pb(sc.shape, dtype, sc.seq_major, 31);
+      pb.params.kv_stride = sc.kv_stride;
+      const HostTensor expected = pb.reference(/*with_lse=*/true);
+      const Emulated emulated = low_precision_reference(pb);
+      DeviceProblem dp(pb);
+      AttentionParams p = dp.pb.params;
+      p.num_splits = sc.num_splits;
+      const size_t workspace_bytes = attention_forward_workspace_bytes(p);
+      ASSERT_GT(workspace_bytes, 0u) << "the call must split";
+      EXPECT_EQ(select_backend(p), Backend::kTensorCore);
+      DeviceBuffer workspace(workspace_bytes);
+      const int64_t rows = sc.shape.batch * sc.shape.heads_q * sc.shape.seqlen_q;
+      DeviceBuffer lse(rows * sizeof(float));
+      ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
+      p.workspace = workspace.get();
+      p.lse = lse.get();
+      attention_forward(p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      HostTensor got(dtype, pb.out.size());
+      dp.out.download(got.data());
+      EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
+      std::vector<float> lse32(rows);
+      lse.download(lse32.data());
+      for (int64_t i = 0; i < rows; ++i) {
+        EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+      }
+    }
+  }
+}
+
 TEST(TensorCoreGpuRuns, NanInOneQueryPoisonsOnlyItsRow) {
   SKIP_WITHOUT_TENSOR_CORES();
   Problem pb({1, 1, 1, 40, 100, 64, 64}, DType::kBFloat16);
