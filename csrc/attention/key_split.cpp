@@ -45,10 +45,16 @@ AttentionParams packed_query_heads(const AttentionParams& p) {
   return packed;
 }
 
+bool only_right_window(const AttentionParams& p) {
+  const MaskOptions& m = p.mask;
+  return !m.has_element_mask() && !m.has_block_map() && !m.is_varlen() &&
+         m.pattern == SparsePattern::kNone && m.window_left < 0;
+}
+
 KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile tile) {
   const KeySplit none;
   const bool half = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  if (p.num_splits == 1 || !half || p.causal || p.mask.any()) return none;
+  if (p.num_splits == 1 || !half || p.causal || !only_right_window(p)) return none;
   const int64_t keys = strided_key_count(p);
   if (p.batch == 0 || p.seqlen_q == 0 || keys == 0) return none;
   const int64_t key_blocks = ceil_div(keys, tile.block_n);
@@ -65,9 +71,13 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
   if (chunks < 2) return none;
   KeySplit split;
   split.chunk_keys = ceil_div(key_blocks, chunks) * tile.block_n;
-  split.full_chunks = keys / split.chunk_keys;
+  // With a right edge r the full chunks hold only keys every query sees, and the last chunk
+  // starts at a position <= r, so that its window (r less its start) stays an edge, not -1.
+  const int64_t shared_keys =
+      p.mask.window_right >= 0 ? std::min(keys, p.mask.window_right / p.kv_stride) : keys;
+  split.full_chunks = shared_keys / split.chunk_keys;
   split.tail_keys = keys - split.full_chunks * split.chunk_keys;
-  return split;
+  return split.full_chunks > 0 ? split : none;
 }
 
 KeySplit key_split_for(const AttentionParams& p) {
@@ -131,6 +141,11 @@ std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeyS
       view.num_splits = 1;
       view.workspace = nullptr;
       const int64_t row0 = piece.first * chunk_rows;
+      // The full chunks hold only keys every query sees; the last keeps the right edge, moved
+      // to its first position (row0 <= r by the plan).
+      if (p.mask.window_right >= 0 && piece.first == split.full_chunks) {
+        view.mask.window_right = p.mask.window_right - row0;
+      }
       view.q = advance(p.q, b0 * p.q_strides.batch, bytes);
       view.k = advance(p.k, b0 * p.k_strides.batch + row0 * p.k_strides.seq, bytes);
       view.v = advance(p.v, b0 * p.v_strides.batch + row0 * p.v_strides.seq, bytes);

@@ -9,9 +9,12 @@
 //
 // The chunks are views the tensor-core kernels already take: the chunk is their batch index
 // (q's batch stride 0, k's and v's one chunk of rows), the (batch, head) pairs their heads when
-// the strides merge them (else one launch per batch entry); a last chunk shorter than the others
-// runs as a second launch. Calls with causal or any mask option do not split (each chunk would
-// need its own key offset).
+// the strides merge them (else one launch per batch entry); the last chunk, of other length, runs
+// as a second launch. A window with only a right edge r (query i sees positions j <= i + r:
+// bottom-right causal, samattn's causal="lower_right", new tokens against a KV cache) splits
+// too: the full chunks end where every query sees all their keys (their last position <= r), so
+// only the last chunk keeps the window, moved to its start. Causal and the other mask options do
+// not split (each chunk would need its own key offset).
 #pragma once
 
 #include <cmath>
@@ -30,7 +33,8 @@ namespace samattn::detail {
 struct KeySplit {
   int64_t chunk_keys = 0;
   int64_t full_chunks = 0;
-  int64_t tail_keys = 0;  // keys of the last, shorter chunk (0: none)
+  int64_t tail_keys = 0;  // keys of the last chunk (0: none); more than chunk_keys only where a
+                          // right-edge window ends the full chunks early
   int64_t parts() const { return full_chunks + (tail_keys > 0 ? 1 : 0); }
 };
 
@@ -49,10 +53,14 @@ struct SplitTile {
 // otherwise, or with G = 1, `params` is returned unchanged. The split-key forward runs packed.
 AttentionParams packed_query_heads(const AttentionParams& params);
 
+// Whether the call's mask options are at most a window's right edge (see the top of the file).
+bool only_right_window(const AttentionParams& params);
+
 // The split of `params` (validated) for a device with `multiprocessors` SMs running blocks of
 // `tile`, or parts() == 0 when the call does not split: num_splits 1, a dtype other than
-// float16/bfloat16, causal or a mask option, or (num_splits 0) when the query blocks already
-// fill the device or the keys are too few to share out. Pure: no device query.
+// float16/bfloat16, causal or a mask option other than a window's right edge, or (num_splits
+// 0) when the query blocks already fill the device or the keys are too few to share out; also
+// when a right edge leaves no whole chunk every query sees. Pure: no device query.
 KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, SplitTile tile);
 
 // The split attention_forward runs for `params` on the current device with the tensor-core

@@ -60,6 +60,23 @@ TEST(KeySplit, PlanCoversEveryKeyOnce) {
   }
 }
 
+TEST(KeySplit, RightEdgeEndsTheFullChunksWhereEveryQuerySeesThem) {
+  // Bottom-right causal, 7 new queries against 4000 keys: row 0 sees positions <= 3993.
+  AttentionParams p = decode_params(1, 4, 7, 4000, 4);
+  p.mask.window_right = 3993;
+  const KeySplit split = plan_key_split(p, kMultiprocessors, kTile);
+  ASSERT_GE(split.parts(), 2);
+  EXPECT_EQ(split.chunk_keys, 1024);  // ceil(63 / 4) = 16 blocks
+  EXPECT_EQ(split.full_chunks, 3);    // 3 * 1024 <= 3993 < 4 * 1024
+  EXPECT_EQ(split.tail_keys, 4000 - 3 * 1024);
+  std::vector<float> out(4 * 4 * 7 * 128), lse(4 * 4 * 7);
+  const auto launches = detail::key_split_launches(p, split, {out.data(), lse.data()});
+  ASSERT_EQ(launches.size(), 2u);
+  EXPECT_FALSE(launches[0].view.mask.any()) << "the full chunks need no mask";
+  EXPECT_EQ(launches[1].view.mask.window_right, 3993 - 3 * 1024);
+  EXPECT_LT(launches[1].view.mask.window_left, 0);
+}
+
 TEST(KeySplit, KvStrideSplitsTheKeptKeys) {
   AttentionParams p = decode_params(1, 4, 1, 10000, 4);
   p.kv_stride = 3;
@@ -105,7 +122,12 @@ TEST(KeySplit, PlanDeclines) {
   EXPECT_EQ(parts(p), 0) << "causal would need a key offset per chunk";
   p = base;
   p.mask.window_left = 100;
-  EXPECT_EQ(parts(p), 0) << "mask options would need a key offset per chunk";
+  EXPECT_EQ(parts(p), 0) << "a left edge would need a key offset per chunk";
+  p = base;
+  p.mask.window_right = 100;
+  EXPECT_EQ(parts(p), 0) << "a right edge before the first chunk's end leaves no full chunk";
+  p.mask.window_right = 8191 - 4;  // bottom-right causal with 5 new queries
+  EXPECT_GT(parts(p), 0) << "a right edge past whole chunks splits";
   // Enough query blocks to fill the device: 264 resident blocks.
   EXPECT_EQ(parts(decode_params(33, 8, 1, 8192, 0)), 0);
   EXPECT_GT(parts(decode_params(33, 8, 1, 8192, 4)), 0) << "an explicit count still splits";
@@ -171,7 +193,8 @@ struct SplitCase {
   bool seq_major;
   int64_t kv_stride;
   int64_t num_splits;
-  bool packs;  // grouped query heads packed as rows (packed_query_heads)
+  bool packs;                 // grouped query heads packed as rows (packed_query_heads)
+  int64_t window_right = -1;  // a right edge (bottom-right causal: seqlen_k - seqlen_q)
 };
 
 // Runs each chunk launch through the fp64 reference (float32 in and out) into a workspace laid
@@ -182,6 +205,7 @@ void check_split_equals_whole(const SplitCase& c) {
   Problem problem(c.shape, DType::kFloat32, c.seq_major, 11);
   problem.params.kv_stride = c.kv_stride;
   problem.params.num_splits = c.num_splits;
+  problem.params.mask.window_right = c.window_right;
   const HostTensor whole = problem.reference(true);
   const std::vector<double> whole_lse = problem.lse;
 
@@ -246,6 +270,12 @@ TEST(KeySplit, ChunksMergedEqualTheWholeCall) {
       {"more_rows_than_a_block", {1, 2, 1, 70, 600, 16, 16}, false, 1, 4, true},
       {"tail_of_one_key", {1, 2, 2, 2, 129, 16, 16}, false, 1, 2, false},
       {"many_chunks", {1, 2, 1, 1, 5000, 8, 8}, false, 1, 100, true},
+      {"lower_right_gqa", {2, 4, 2, 6, 1500, 16, 16}, false, 1, 3, false, 1494},
+      {"lower_right_seq_major", {1, 4, 4, 9, 700, 16, 16}, true, 1, 0, false, 691},
+      {"right_edge_kv_stride", {2, 2, 1, 4, 2000, 8, 8}, false, 3, 5, false, 1200},
+      // Chunks of 128 keys and r = 255: a last chunk starting at 256 would see its window
+      // become -1 (unbounded); the full chunks must stop at 128.
+      {"right_edge_one_before_a_chunk_end", {1, 2, 2, 145, 400, 8, 8}, false, 1, 4, false, 255},
   };
   for (const SplitCase& c : cases) check_split_equals_whole(c);
 }

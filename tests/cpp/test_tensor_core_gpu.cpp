@@ -66,7 +66,8 @@ struct Emulated {
 // (a no-op for fp16/bf16), P = exp(s - max) (unnormalised, in (0, 1]) rounded to it before it
 // multiplies V, the row sum over the unrounded P, the output rounded to the input type. Scores
 // of rounded operands are exact in double.
-Emulated low_precision_reference(const Problem& pb) {
+// window_right >= 0: also a window's right edge (query i sees positions j <= i + window_right).
+Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1) {
   const AttentionParams& p = pb.params;
   const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -84,7 +85,8 @@ Emulated low_precision_reference(const Problem& pb) {
           operand_rows(pb.v, pb.dtype, p.v_strides, b, hk, p.seqlen_k, v_dim);
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const auto visible = [&](int64_t j) {
-          return j % p.kv_stride == 0 && (!p.causal || j <= i);
+          return j % p.kv_stride == 0 && (!p.causal || j <= i) &&
+                 (window_right < 0 || j <= i + window_right);
         };
         double row_max = neg_inf;
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -237,6 +239,7 @@ TEST(KeySplitGpu, MatchesReference) {
     Shape shape;
     bool seq_major;
     int64_t kv_stride, num_splits;
+    int64_t window_right = -1;  // bottom-right causal: seqlen_k - seqlen_q
   };
   const SplitScenario scenarios[] = {
       {"decode_gqa_4to1_seq_major", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
@@ -245,14 +248,17 @@ TEST(KeySplitGpu, MatchesReference) {
       {"tail_of_one_key_d32", {1, 2, 1, 3, 257, 32, 32}, false, 1, 2},
       {"rows_d256", {1, 2, 2, 70, 900, 256, 256}, false, 1, 3},
       {"decode_d192_many_chunks", {1, 2, 1, 1, 5000, 192, 192}, true, 1, 1000},
+      {"lower_right_drafts_gqa_d128", {2, 8, 2, 5, 3000, 128, 128}, true, 1, 0, 2995},
+      {"right_edge_kv_stride2_d64", {1, 4, 4, 9, 2001, 64, 64}, false, 2, 4, 1500},
   };
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     for (const SplitScenario& sc : scenarios) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + "/" + sc.name);
       Problem pb(sc.shape, dtype, sc.seq_major, 31);
       pb.params.kv_stride = sc.kv_stride;
+      pb.params.mask.window_right = sc.window_right;
       const HostTensor expected = pb.reference(/*with_lse=*/true);
-      const Emulated emulated = low_precision_reference(pb);
+      const Emulated emulated = low_precision_reference(pb, sc.window_right);
       DeviceProblem dp(pb);
       AttentionParams p = dp.pb.params;
       p.num_splits = sc.num_splits;

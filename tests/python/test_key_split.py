@@ -74,14 +74,26 @@ def test_gpu_split_forward_matches_reference(dtype, shape, layout, kv_stride, nu
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", [(2, 8, 2, 5, 3000, 128), (1, 4, 4, 9, 2001, 64)])
+def test_gpu_split_lower_right_matches_reference(dtype, shape):
+    # New queries against a cache: the full chunks need no mask, the last keeps the window.
+    q, k, v = make_qkv(*shape, dtype=dtype, device="cuda", layout="bshd", seed=10)
+    assert samattn.selected_backend(q, k, v, causal="lower_right", num_splits=0) == "tensor_core"
+    out, lse = samattn.attention(q, k, v, causal="lower_right", return_lse=True, num_splits=0)
+    check_forward(out, lse, q, k, v, {"window": (-1, shape[4] - shape[3])})
+
+
+@requires_cuda
 def test_gpu_split_runs_on_the_tensor_cores_when_it_splits():
     q, k, v = make_qkv(1, 8, 2, 1, 4096, 128, dtype=torch.bfloat16, device="cuda", seed=5)
     assert samattn.selected_backend(q, k, v, num_splits=4) == "tensor_core"
     if torch.cuda.get_device_capability() == (9, 0):
         # Asked for the Hopper forward, the call does not split.
         assert samattn.selected_backend(q, k, v, num_splits=4, backend="hopper") == "hopper"
-    # Causal and mask options do not split: the call runs as without num_splits, same bits.
-    for options in (dict(causal=True), dict(window=(100, 0))):
+    # Causal and mask options other than a right edge do not split: the call runs as without
+    # num_splits, same bits.
+    for options in (dict(causal=True), dict(window=(100, -1))):
         assert torch.equal(samattn.attention(q, k, v, num_splits=4, **options),
                            samattn.attention(q, k, v, **options))
     # float32 does not split either.

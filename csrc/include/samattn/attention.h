@@ -67,9 +67,10 @@ struct AttentionParams {
   // GPU, e.g. decoding against a long KV cache: chunks of keys run as separate thread blocks,
   // whose fp32 results one more kernel merges. 1: never (the default); 0: when the call has
   // fewer query blocks than the device runs at once and enough keys to share; n > 1: about n
-  // chunks. Only float16/bfloat16 calls without causal or mask options that the tensor-core
-  // kernels can run split (on them, also under backend auto on Hopper), and only with the
-  // workspace below; any other call runs as it would with 1.
+  // chunks. Only float16/bfloat16 calls that the tensor-core kernels can run split (on them,
+  // also under backend auto on Hopper), without causal or mask options other than a window's
+  // right edge (bottom-right causal: new queries against a cache), and only with the workspace
+  // below; any other call runs as it would with 1.
   int64_t num_splits = 1;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
