@@ -1,5 +1,6 @@
-"""Decoding: one query per (batch, head) against a KV cache, bf16, head dim 128, where the keys
-and values in memory set the time. samattn unsplit (num_splits=1, one thread block per
+"""Decoding: one query per (batch, head) against a KV cache (and 5 draft tokens, as speculative
+decoding verifies them, bottom-right causal), bf16, head dim 128, where the keys and values in
+memory set the time. samattn unsplit (num_splits=1, one thread block per
 (batch, head): a few SMs stream the whole cache) against its split-key forward (num_splits=0,
 automatic; and a fixed count) and torch SDPA's flash, cuDNN and memory-efficient backends, in
 alternating rounds in one process, the caches in (B, S, H, D) storage as a model keeps them, and
@@ -22,26 +23,28 @@ import sys
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 import samattn
 from samattn.bench.report import environment
 from samattn.bench.timing import measure_interleaved, rotation_count
 
 HEAD_DIM = 128
-# (batch, query heads, kv heads, cached keys)
-SHAPES = [(1, 32, 8, 4096), (1, 32, 8, 16384), (1, 32, 8, 65536), (4, 32, 8, 16384),
-          (16, 32, 8, 8192), (1, 32, 32, 16384), (64, 32, 8, 2048)]
+# (batch, query heads, kv heads, new queries, cached keys)
+SHAPES = [(1, 32, 8, 1, 4096), (1, 32, 8, 1, 16384), (1, 32, 8, 1, 65536), (4, 32, 8, 1, 16384),
+          (16, 32, 8, 1, 8192), (1, 32, 32, 1, 16384), (64, 32, 8, 1, 2048),
+          (1, 32, 8, 5, 16384), (4, 32, 8, 5, 16384)]
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
-def input_sets(batch, heads_q, heads_kv, keys, count, generator):
-    """`count` independent (q, k, v) sets: q (B, Hq, 1, D), k and v (B, Hkv, S, D) views of
-    (B, S, Hkv, D) storage."""
+def input_sets(batch, heads_q, heads_kv, queries, keys, count, generator):
+    """`count` independent (q, k, v) sets: q (B, Hq, T, D), k and v (B, Hkv, S, D) views of
+    (B, T or S, H, D) storage."""
     sets = []
     for _ in range(count):
-        q = torch.randn(batch, 1, heads_q, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+        q = torch.randn(batch, queries, heads_q, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
                         generator=generator).transpose(1, 2)
         k, v = (torch.randn(batch, keys, heads_kv, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
                             generator=generator).transpose(1, 2) for _ in range(2))
@@ -49,14 +52,16 @@ def input_sets(batch, heads_q, heads_kv, keys, count, generator):
     return sets
 
 
-def methods_for(sets, splits: int, gqa: bool) -> dict:
+def methods_for(sets, splits: int, gqa: bool, bias) -> dict:
+    """bias: torch's causal_lower_right for the drafts, None for one query (which sees all)."""
     def samattn_call(q, k, v, num_splits):
-        return lambda: samattn.attention(q, k, v, num_splits=num_splits)
+        return lambda: samattn.attention(q, k, v, causal="lower_right", num_splits=num_splits)
 
     def sdpa_call(q, k, v, backend):
         def call():
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                                        enable_gqa=gqa)
         return call
 
     methods = {"samattn": [samattn_call(*s, 1) for s in sets],
@@ -79,16 +84,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows, failed = [], False
-    for batch, heads_q, heads_kv, keys in SHAPES:
+    for batch, heads_q, heads_kv, queries, keys in SHAPES:
         cache_bytes = 2 * batch * keys * heads_kv * HEAD_DIM * 2
         count = rotation_count(cache_bytes, torch.cuda.mem_get_info()[0])
-        sets = input_sets(batch, heads_q, heads_kv, keys, count, generator)
+        sets = input_sets(batch, heads_q, heads_kv, queries, keys, count, generator)
         gqa = heads_q != heads_kv
-        methods = methods_for(sets, args.splits, gqa)
+        bias = causal_lower_right(queries, keys) if queries > 1 else None
+        methods = methods_for(sets, args.splits, gqa, bias)
         q, k, v = sets[0]
         with sdpa_kernel(SDPBackend.MATH):
             reference = torch.nn.functional.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(), enable_gqa=gqa)
+                q.float(), k.float(), v.float(), attn_mask=bias, enable_gqa=gqa)
         errors, runnable = {}, {}
         for name, calls in methods.items():
             try:
@@ -109,12 +115,13 @@ def main(argv=None) -> int:
         timings = measure_interleaved(runnable, rounds=2, budget_ms=args.budget_ms)
         sdpa = [t.median_ms for n, t in timings.items() if n.startswith("sdpa")]
         best_sdpa = min(sdpa) if sdpa else None
-        row = {"batch": batch, "heads_q": heads_q, "heads_kv": heads_kv, "seqlen_q": 1,
-               "seqlen_k": keys, "head_dim": HEAD_DIM, "cache_bytes": cache_bytes,
-               "input_sets": count,
+        row = {"batch": batch, "heads_q": heads_q, "heads_kv": heads_kv, "seqlen_q": queries,
+               "seqlen_k": keys, "causal": "lower_right", "head_dim": HEAD_DIM,
+               "cache_bytes": cache_bytes, "input_sets": count,
                "selected_backend": {
-                   "unsplit": samattn.selected_backend(q, k, v),
-                   "split_auto": samattn.selected_backend(q, k, v, num_splits=0)},
+                   "unsplit": samattn.selected_backend(q, k, v, causal="lower_right"),
+                   "split_auto": samattn.selected_backend(q, k, v, causal="lower_right",
+                                                          num_splits=0)},
                "max_abs_error_vs_fp32": errors, "methods": {}}
         for name, t in timings.items():
             row["methods"][name] = {
@@ -123,7 +130,7 @@ def main(argv=None) -> int:
                 "best_sdpa_over_this": best_sdpa / t.median_ms if best_sdpa else None}
         rows.append(row)
         line = " ".join(f"{n}={t.median_ms * 1e3:.1f}us" for n, t in timings.items())
-        print(f"B={batch} Hq={heads_q} Hkv={heads_kv} S={keys}: {line}")
+        print(f"B={batch} Hq={heads_q} Hkv={heads_kv} T={queries} S={keys}: {line}")
     result = {**environment(), "dtype": "bf16", "layout": "(B, S, H, D) caches",
               "split_outputs_within_bound": not failed, "rows": rows}
     with open(args.out, "w") as f:
