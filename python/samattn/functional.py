@@ -196,16 +196,16 @@ def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend
         raise ValueError("samattn: causal='lower_right' with seqlen_q > seqlen_k does not combine "
                          "with block_sparse (its query blocks would shift)")
     window = (-1, -1) if plan.all_empty else (plan.left, plan.right)
-    options = dict(scale=scale, kv_stride=kv_stride, return_lse=True, backend=backend,
+    options = dict(scale=scale, kv_stride=kv_stride, return_lse=return_lse, backend=backend,
                    window=None if window == (-1, -1) else window, sparse_pattern=sparse_pattern,
                    sparse_block=sparse_block, sparse_summary=sparse_summary,
                    block_sparse=block_sparse, num_splits=num_splits)
     if plan.empty_rows == 0:
-        out, lse = attention(q, k, v, causal=plan.causal, attn_mask=attn_mask, **options)
-        return (out, lse) if return_lse else out
+        return attention(q, k, v, causal=plan.causal, attn_mask=attn_mask, **options)
     first = seqlen_q if plan.all_empty else plan.empty_rows
-    out, lse = attention(q[..., first:, :], k, v, causal=True,
-                         attn_mask=_rows_from(attn_mask, first, seqlen_q), **options)
+    result = attention(q[..., first:, :], k, v, causal=True,
+                       attn_mask=_rows_from(attn_mask, first, seqlen_q), **options)
+    out, lse = result if return_lse else (result, None)
     lead = out.shape[:-2]
     out = torch.cat([out.new_zeros(*lead, first, out.shape[-1]), out], dim=-2)
     if not return_lse:
