@@ -108,6 +108,17 @@ void simt_varlen_forward(const AttentionParams& params, cudaStream_t stream) {
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
+  // A split call, when its workspace was given; without one it runs as with num_splits 1.
+  if (const detail::KeySplit split = key_split_of(params); split.parts() > 0) {
+    if (params.workspace != nullptr) {
+      detail::key_split_forward(params, split, stream);
+      return;
+    }
+    AttentionParams unsplit = params;
+    unsplit.num_splits = 1;
+    attention_forward(unsplit, stream);
+    return;
+  }
   const Backend backend = select_backend(params);
   if (params.mask.is_varlen() && backend == Backend::kSimt) {
     simt_varlen_forward(params, stream);
@@ -129,14 +140,6 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream) {
       (params.workspace != nullptr || detail::strided_forward_workspace_bytes(params) == 0)) {
     detail::strided_forward(params, stream);
     return;
-  }
-  // A split call, when its workspace was given (without one it runs unsplit).
-  if (backend == Backend::kTensorCore && params.workspace != nullptr) {
-    const detail::KeySplit split = key_split_of(params);
-    if (split.parts() > 0) {
-      detail::key_split_forward(params, split, stream);
-      return;
-    }
   }
   launch(backend, params.dtype, detail::make_forward_kernel_params(params), stream);
 }

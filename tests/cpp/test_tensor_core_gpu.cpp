@@ -285,6 +285,25 @@ TEST(KeySplitGpu, MatchesReference) {
   }
 }
 
+// Without the workspace a split call runs as with num_splits 1: the same bytes.
+TEST(KeySplitGpu, WithoutWorkspaceRunsUnsplit) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  Problem pb({1, 8, 2, 1, 3000, 128, 128}, DType::kBFloat16, true, 32);
+  DeviceProblem dp(pb);
+  AttentionParams p = dp.pb.params;
+  HostTensor unsplit(DType::kBFloat16, pb.out.size()), fallback(DType::kBFloat16, pb.out.size());
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dp.out.download(unsplit.data());
+  ASSERT_EQ(cudaMemset(dp.out.get(), 0xff, unsplit.bytes.size()), cudaSuccess);
+  p.num_splits = 0;
+  ASSERT_GT(attention_forward_workspace_bytes(p), 0u) << "the call would split";
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dp.out.download(fallback.data());
+  EXPECT_EQ(fallback.bytes, unsplit.bytes);
+}
+
 TEST(TensorCoreGpuRuns, NanInOneQueryPoisonsOnlyItsRow) {
   SKIP_WITHOUT_TENSOR_CORES();
   Problem pb({1, 1, 1, 40, 100, 64, 64}, DType::kBFloat16);

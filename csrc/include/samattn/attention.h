@@ -70,7 +70,8 @@ struct AttentionParams {
   // chunks. Only float16/bfloat16 calls that the tensor-core kernels can run split (on them,
   // also under backend auto on Hopper), without causal or mask options other than a window's
   // right edge (bottom-right causal: new queries against a cache), and only with the workspace
-  // below; any other call runs as it would with 1.
+  // below (without it the call runs as it would with 1); any other call runs as it would
+  // with 1.
   int64_t num_splits = 1;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
@@ -105,7 +106,9 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream);
 // in params.dtype and `lse` in the accumulation type.
 void reference_attention_forward(const AttentionParams& params);
 
-// The backend that runs `params` on the current device (resolves kAuto), for logs and tests.
+// The backend that runs `params` on the current device (resolves kAuto), for logs and tests. A
+// call that num_splits splits says kTensorCore, the kernels of its chunks when the workspace is
+// given.
 Backend select_backend(const AttentionParams& params);
 
 // ---------------------------------------------------------------------------------------------
