@@ -84,6 +84,37 @@ def test_decoding_with_cache_matches_sdpa():
         assert_close(a, b, torch.float64, scale_floor=1.0)
 
 
+def test_decoding_with_split_keys_matches_sdpa(monkeypatch):
+    # register(num_splits=0): the unmasked calls (the decoding steps) ask samattn to split the
+    # keys; the generated tokens and logits stay sdpa's. On the CPU this checks the plumbing (the
+    # reference ignores num_splits); the split kernels are checked by test_key_split.py.
+    device = "cpu"
+    seen = []
+    original = samattn_hf.attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("num_splits"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(samattn_hf, "attention", spy)
+    dtype = torch.float64
+    samattn_hf.register(num_splits=0)
+    try:
+        ours = tiny_llama("samattn", dtype, device)
+        theirs = tiny_llama("sdpa", dtype, device)
+        tokens = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(4))
+        got = ours.generate(tokens.to(device), max_new_tokens=5, do_sample=False,
+                            output_logits=True, return_dict_in_generate=True)
+        ref = theirs.generate(tokens.to(device), max_new_tokens=5, do_sample=False,
+                              output_logits=True, return_dict_in_generate=True)
+    finally:
+        samattn_hf.register()
+    assert seen and all(n == 0 for n in seen)
+    assert torch.equal(got.sequences, ref.sequences)
+    for a, b in zip(got.logits, ref.logits):
+        assert_close(a, b, dtype, scale_floor=1.0)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32])
 def test_gpu_matches_sdpa(dtype):

@@ -14,6 +14,7 @@ samattn.scaled_dot_product_attention(attn_mask=...).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -26,7 +27,7 @@ NAME = "samattn"
 def samattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                               value: torch.Tensor, attention_mask: Optional[torch.Tensor],
                               dropout: float = 0.0, scaling: Optional[float] = None,
-                              is_causal: Optional[bool] = None,
+                              is_causal: Optional[bool] = None, *, num_splits: int = 1,
                               **kwargs) -> Tuple[torch.Tensor, None]:
     if dropout != 0.0:
         raise NotImplementedError(f"samattn attention: dropout must be 0.0, got {dropout} "
@@ -41,17 +42,23 @@ def samattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         causal = bool(is_causal) and q_len > 1
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
-        out = attention(query, key, value, causal=causal, scale=scaling)
+        out = attention(query, key, value, causal=causal, scale=scaling, num_splits=num_splits)
     else:
         out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                            scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 
-def register(name: str = NAME) -> None:
-    """Registers samattn as `attn_implementation=name` (default "samattn") in transformers."""
+def register(name: str = NAME, *, num_splits: int = 1) -> None:
+    """Registers samattn as `attn_implementation=name` (default "samattn") in transformers.
+
+    num_splits: samattn.attention's split-key option for the calls without a mask (decoding
+    steps against the cache arrive so): 0 splits automatically. Default 1 (never)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(name, samattn_attention_forward)
+    forward = samattn_attention_forward
+    if num_splits != 1:
+        forward = functools.partial(samattn_attention_forward, num_splits=num_splits)
+    AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, sdpa_mask)
