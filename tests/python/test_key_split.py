@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import samattn
-from helpers import assert_close, make_qkv, requires_cuda
+from helpers import make_qkv, requires_cuda
 from test_masks import check_forward, check_gradients
 
 
@@ -69,8 +69,6 @@ def test_gpu_split_forward_matches_reference(dtype, shape, layout, kv_stride, nu
     out, lse = samattn.attention(q, k, v, return_lse=True, num_splits=num_splits, **options)
     assert not torch.isnan(out).any()
     check_forward(out, lse, q, k, v, options)
-    unsplit = samattn.attention(q, k, v, **options)
-    assert_close(out, unsplit.double(), dtype)
 
 
 @requires_cuda
