@@ -22,6 +22,21 @@ constexpr int64_t kMaxChunks = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+int mask_entry_bytes(MaskDType dtype) {
+  switch (dtype) {
+    case MaskDType::kBool:
+      return 1;
+    case MaskDType::kFloat64:
+      return 8;
+    case MaskDType::kFloat32:
+      return 4;
+    case MaskDType::kFloat16:
+    case MaskDType::kBFloat16:
+      return 2;
+  }
+  return 1;
+}
+
 // Query rows of every (batch, head) in the workspace arrays.
 int64_t workspace_rows(const AttentionParams& p) { return p.batch * p.heads_q * p.seqlen_q; }
 
@@ -45,16 +60,22 @@ AttentionParams packed_query_heads(const AttentionParams& p) {
   return packed;
 }
 
-bool only_right_window(const AttentionParams& p) {
+bool splittable_mask(const AttentionParams& p) {
   const MaskOptions& m = p.mask;
-  return !m.has_element_mask() && !m.has_block_map() && !m.is_varlen() &&
-         m.pattern == SparsePattern::kNone && m.window_left < 0;
+  return !m.has_block_map() && !m.is_varlen() && m.pattern == SparsePattern::kNone &&
+         m.window_left < 0;
+}
+
+bool chunk_heads_merge(const AttentionParams& p) {
+  const MaskOptions& m = p.mask;
+  return heads_merge(p) &&
+         (p.batch == 1 || !m.has_element_mask() || m.batch_stride == p.heads_q * m.head_stride);
 }
 
 KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile tile) {
   const KeySplit none;
   const bool half = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  if (p.num_splits == 1 || !half || p.causal || !only_right_window(p)) return none;
+  if (p.num_splits == 1 || !half || p.causal || !splittable_mask(p)) return none;
   const int64_t keys = strided_key_count(p);
   if (p.batch == 0 || p.seqlen_q == 0 || keys == 0) return none;
   const int64_t key_blocks = ceil_div(keys, tile.block_n);
@@ -62,7 +83,7 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
   if (p.num_splits == 0) {
     // Enough chunks for one launch's query blocks to fill every SM's resident blocks once (the
     // launches of batch entries whose heads do not merge run one after the other).
-    const int64_t batches = heads_merge(p) ? p.batch : 1;
+    const int64_t batches = chunk_heads_merge(p) ? p.batch : 1;
     const int64_t query_blocks = batches * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
     const int64_t resident = int64_t{multiprocessors} * tile.blocks_per_sm;
     chunks = std::min({ceil_div(resident, query_blocks), key_blocks / kMinChunkBlocks, kMaxChunks});
@@ -85,8 +106,9 @@ KeySplit key_split_for(const AttentionParams& p) {
   const DeviceInfo& device = current_device_info();
   const int bytes = dtype_size(p.dtype);
   // The chunks write fp32 outputs, which only the masked kernel does: it needs a little more
-  // shared memory than the plain one supports() checked.
-  if (tensor_core::forward_masked_smem_bytes(p.head_dim, bytes, false) > device.max_smem_optin) {
+  // shared memory than the plain one supports() checked (with an element mask, its tile too).
+  if (tensor_core::forward_masked_smem_bytes(p.head_dim, bytes, p.mask.has_element_mask()) >
+      device.max_smem_optin) {
     return {};
   }
   const tensor_core::TileShape shape = tensor_core::tile_shape(p.head_dim, bytes);
@@ -120,8 +142,8 @@ std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeyS
   const int bytes = dtype_size(p.dtype);
   const int64_t rows = workspace_rows(p);
   const int64_t dim_v = p.head_dim_v;
-  const int64_t chunk_rows = split.chunk_keys * p.kv_stride;  // physical k/v rows per chunk
-  const int64_t per_launch = heads_merge(p) ? p.batch : 1;    // batch entries per launch
+  const int64_t chunk_rows = split.chunk_keys * p.kv_stride;      // physical k/v rows per chunk
+  const int64_t per_launch = chunk_heads_merge(p) ? p.batch : 1;  // batch entries per launch
   // The full chunks, then the tail: (first chunk, chunks, physical rows of each).
   const struct {
     int64_t first, count, seqlen_k;
@@ -145,6 +167,18 @@ std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeyS
       // to its first position (row0 <= r by the plan).
       if (p.mask.window_right >= 0 && piece.first == split.full_chunks) {
         view.mask.window_right = p.mask.window_right - row0;
+      }
+      // The element mask's columns of the chunk; the chunk is the view's batch index and the
+      // (batch, head) pairs its heads, as for q.
+      const MaskOptions& m = p.mask;
+      if (m.has_element_mask()) {
+        view.mask.data =
+            advance(m.data, b0 * m.batch_stride + row0 * m.col_stride, mask_entry_bytes(m.dtype));
+        view.mask.dtype = m.dtype;
+        view.mask.batch_stride = chunk_rows * m.col_stride;
+        view.mask.head_stride = m.head_stride;
+        view.mask.row_stride = m.row_stride;
+        view.mask.col_stride = m.col_stride;
       }
       view.q = advance(p.q, b0 * p.q_strides.batch, bytes);
       view.k = advance(p.k, b0 * p.k_strides.batch + row0 * p.k_strides.seq, bytes);

@@ -13,8 +13,9 @@
 // as a second launch. A window with only a right edge r (query i sees positions j <= i + r:
 // bottom-right causal, samattn's causal="lower_right", new tokens against a KV cache) splits
 // too: the full chunks end where every query sees all their keys (their last position <= r), so
-// only the last chunk keeps the window, moved to its start. Causal and the other mask options do
-// not split (each chunk would need its own key offset).
+// only the last chunk keeps the window, moved to its start. An element mask splits with the keys
+// (each chunk reads its columns). Causal and the other mask options do not split (each chunk
+// would need its own key offset).
 #pragma once
 
 #include <cmath>
@@ -53,12 +54,17 @@ struct SplitTile {
 // otherwise, or with G = 1, `params` is returned unchanged. The split-key forward runs packed.
 AttentionParams packed_query_heads(const AttentionParams& params);
 
-// Whether the call's mask options are at most a window's right edge (see the top of the file).
-bool only_right_window(const AttentionParams& params);
+// Whether the call's mask options split: an element mask (its columns cut with the keys) and a
+// window's right edge (see the top of the file); not a left edge, block map, pattern or varlen.
+bool splittable_mask(const AttentionParams& params);
+
+// Whether one launch takes every batch entry: the (batch, head) pairs of q, k, v and of the
+// element mask, if any, merge into one head index with one stride.
+bool chunk_heads_merge(const AttentionParams& params);
 
 // The split of `params` (validated) for a device with `multiprocessors` SMs running blocks of
 // `tile`, or parts() == 0 when the call does not split: num_splits 1, a dtype other than
-// float16/bfloat16, causal or a mask option other than a window's right edge, or (num_splits
+// float16/bfloat16, causal or a mask option splittable_mask() rejects, or (num_splits
 // 0) when the query blocks already fill the device or the keys are too few to share out; also
 // when a right edge leaves no whole chunk every query sees. Pure: no device query.
 KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, SplitTile tile);

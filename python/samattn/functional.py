@@ -131,9 +131,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     cut into chunks run as separate thread blocks, whose fp32 partial results one more kernel
     merges. 1 (default): never; 0: automatic (when the query blocks leave SMs idle and there
     are enough keys to share); n > 1: about n chunks. Only float16/bfloat16 CUDA calls that the
-    tensor-core kernels can run split, without causal=True or mask options other than a window's
-    right edge (so causal="lower_right", new queries against a cache, splits); others run as
-    with 1. Not yet timed on a GPU (see the README's Known gaps), hence off by default.
+    tensor-core kernels can run split, without causal=True or mask options other than attn_mask
+    and a window's right edge (so causal="lower_right", new queries against a cache, and padded
+    batches' masks split); others run as with 1. Not yet timed on a GPU (see the README's Known gaps), hence off by default.
 
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 

@@ -124,6 +124,13 @@ TEST(KeySplit, PlanDeclines) {
   p.mask.window_left = 100;
   EXPECT_EQ(parts(p), 0) << "a left edge would need a key offset per chunk";
   p = base;
+  const float zero = 0.f;
+  p.mask.data = &zero;  // an element mask splits with the keys (its columns per chunk)
+  p.mask.dtype = MaskDType::kFloat32;
+  EXPECT_GT(parts(p), 0);
+  p.mask.block_map = reinterpret_cast<const uint8_t*>(&zero);
+  EXPECT_EQ(parts(p), 0) << "a block map's columns are blocks of another size";
+  p = base;
   p.mask.window_right = 100;
   EXPECT_EQ(parts(p), 0) << "a right edge before the first chunk's end leaves no full chunk";
   p.mask.window_right = 8191 - 4;  // bottom-right causal with 5 new queries
@@ -187,6 +194,10 @@ TEST(KeySplit, PackedQueryHeadsComputeTheSameRows) {
   }
 }
 
+// Element masks of the split tests: none; key padding (B, 1, 1, Sk), with which the heads do not
+// merge (one launch per batch entry); additive (B, H, Sq, Sk) with one row fully hidden.
+enum class MaskKind { kNone, kKeyPadding, kAdditive };
+
 struct SplitCase {
   const char* name;
   Shape shape;
@@ -195,7 +206,44 @@ struct SplitCase {
   int64_t num_splits;
   bool packs;                 // grouped query heads packed as rows (packed_query_heads)
   int64_t window_right = -1;  // a right edge (bottom-right causal: seqlen_k - seqlen_q)
+  MaskKind mask = MaskKind::kNone;
 };
+
+// An element mask's host memory: key padding as bool bytes, additive as float32.
+struct MaskStorage {
+  std::vector<unsigned char> keep;
+  std::vector<float> bias;
+};
+
+// Gives `p` an element mask of `kind` held in `storage`, with broadcast strides 0: key padding
+// (B, 1, 1, Sk) bool, true before a length per batch entry; additive (B, H, Sq, Sk) float32,
+// random, with row 0 of (0, 0) fully hidden (-inf).
+void attach_mask(AttentionParams& p, MaskKind kind, MaskStorage& storage) {
+  if (kind == MaskKind::kNone) return;
+  if (kind == MaskKind::kKeyPadding) {
+    storage.keep.assign(p.batch * p.seqlen_k, 0);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t length = p.seqlen_k / 3 + b * 97 % (p.seqlen_k / 2);
+      std::fill_n(storage.keep.begin() + b * p.seqlen_k, length, 1);
+    }
+    p.mask.data = storage.keep.data();
+    p.mask.dtype = MaskDType::kBool;
+    p.mask.batch_stride = p.seqlen_k;
+    p.mask.head_stride = p.mask.row_stride = 0;
+  } else {
+    std::mt19937_64 engine(23);
+    std::uniform_real_distribution<float> uniform(-2.f, 2.f);
+    storage.bias.resize(p.batch * p.heads_q * p.seqlen_q * p.seqlen_k);
+    for (float& x : storage.bias) x = uniform(engine);
+    std::fill_n(storage.bias.begin(), p.seqlen_k, -INFINITY);
+    p.mask.data = storage.bias.data();
+    p.mask.dtype = MaskDType::kFloat32;
+    p.mask.batch_stride = p.heads_q * p.seqlen_q * p.seqlen_k;
+    p.mask.head_stride = p.seqlen_q * p.seqlen_k;
+    p.mask.row_stride = p.seqlen_k;
+  }
+  p.mask.col_stride = 1;
+}
 
 // Runs each chunk launch through the fp64 reference (float32 in and out) into a workspace laid
 // out as the kernels' (lse at the launch's strides), merges it with merged_lse / merged_value,
@@ -206,6 +254,8 @@ void check_split_equals_whole(const SplitCase& c) {
   problem.params.kv_stride = c.kv_stride;
   problem.params.num_splits = c.num_splits;
   problem.params.mask.window_right = c.window_right;
+  MaskStorage mask;
+  attach_mask(problem.params, c.mask, mask);
   const HostTensor whole = problem.reference(true);
   const std::vector<double> whole_lse = problem.lse;
 
@@ -249,7 +299,11 @@ void check_split_equals_whole(const SplitCase& c) {
   const double scale = max_abs(whole);
   for (int64_t row = 0; row < rows; ++row) {
     const float merged = detail::merged_lse(ws.lse + row, split.parts(), rows);
-    ASSERT_NEAR(merged, whole_lse[row], 1e-5 * std::max(1.0, std::abs(whole_lse[row])));
+    if (std::isinf(whole_lse[row])) {
+      ASSERT_EQ(merged, whole_lse[row]) << "row " << row;
+    } else {
+      ASSERT_NEAR(merged, whole_lse[row], 1e-5 * std::max(1.0, std::abs(whole_lse[row])));
+    }
     for (int64_t d = 0; d < dim_v; ++d) {
       const double got = detail::merged_value(ws.out + row * dim_v + d, ws.lse + row, split.parts(),
                                               rows * dim_v, rows, merged);
@@ -276,6 +330,25 @@ TEST(KeySplit, ChunksMergedEqualTheWholeCall) {
       // Chunks of 128 keys and r = 255: a last chunk starting at 256 would see its window
       // become -1 (unbounded); the full chunks must stop at 128.
       {"right_edge_one_before_a_chunk_end", {1, 2, 2, 145, 400, 8, 8}, false, 1, 4, false, 255},
+      {"key_padding_gqa", {3, 4, 2, 1, 900, 16, 16}, true, 1, 0, false, -1, MaskKind::kKeyPadding},
+      {"additive_rows", {2, 2, 2, 5, 700, 8, 8}, false, 1, 3, false, -1, MaskKind::kAdditive},
+      // q, k and v merge their (batch, head) pairs, the padding mask (stride 0 over heads) not.
+      {"key_padding_heads_major",
+       {2, 4, 2, 1, 600, 16, 16},
+       false,
+       1,
+       2,
+       false,
+       -1,
+       MaskKind::kKeyPadding},
+      {"additive_right_edge_kv_stride",
+       {2, 2, 1, 4, 1400, 8, 8},
+       false,
+       2,
+       4,
+       false,
+       1000,
+       MaskKind::kAdditive},
   };
   for (const SplitCase& c : cases) check_split_equals_whole(c);
 }

@@ -83,6 +83,24 @@ def test_gpu_split_lower_right_matches_reference(dtype, shape):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("kind", ["key_padding", "additive"])
+def test_gpu_split_with_attn_mask_matches_reference(dtype, kind):
+    # Each chunk reads its columns of the mask; a (B, 1, 1, S) padding mask launches per entry.
+    q, k, v = make_qkv(3, 8, 2, 2, 2500, 128, dtype=dtype, device="cuda", seed=11)
+    gen = torch.Generator().manual_seed(12)
+    if kind == "key_padding":
+        lengths = torch.tensor([2500, 1700, 333])
+        mask = (torch.arange(2500)[None, :] < lengths[:, None])[:, None, None, :].cuda()
+    else:
+        mask = torch.randn(3, 8, 2, 2500, generator=gen).cuda()
+        mask[0, 0, 1] = float("-inf")  # a row that sees no key
+    assert samattn.selected_backend(q, k, v, attn_mask=mask, num_splits=0) == "tensor_core"
+    out, lse = samattn.attention(q, k, v, attn_mask=mask, return_lse=True, num_splits=0)
+    check_forward(out, lse, q, k, v, {}, attn_mask=mask)
+
+
+@requires_cuda
 def test_gpu_split_runs_on_the_tensor_cores_when_it_splits():
     q, k, v = make_qkv(1, 8, 2, 1, 4096, 128, dtype=torch.bfloat16, device="cuda", seed=5)
     assert samattn.selected_backend(q, k, v, num_splits=4) == "tensor_core"

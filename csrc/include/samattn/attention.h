@@ -68,8 +68,9 @@ struct AttentionParams {
   // whose fp32 results one more kernel merges. 1: never (the default); 0: when the call has
   // fewer query blocks than the device runs at once and enough keys to share; n > 1: about n
   // chunks. Only float16/bfloat16 calls that the tensor-core kernels can run split (on them,
-  // also under backend auto on Hopper), without causal or mask options other than a window's
-  // right edge (bottom-right causal: new queries against a cache), and only with the workspace
+  // also under backend auto on Hopper), without causal or mask options other than an element
+  // mask and a window's right edge (bottom-right causal: new queries against a cache; padded
+  // batches' masks), and only with the workspace
   // below (without it the call runs as it would with 1); any other call runs as it would
   // with 1.
   int64_t num_splits = 1;

@@ -53,7 +53,8 @@ def register(name: str = NAME, *, num_splits: int = 1) -> None:
     """Registers samattn as `attn_implementation=name` (default "samattn") in transformers.
 
     num_splits: samattn.attention's split-key option for the calls without a mask (decoding
-    steps against the cache arrive so): 0 splits automatically. Default 1 (never)."""
+    steps against the cache arrive so; padded batches' masked calls go through the SDPA drop-in,
+    which does not take it): 0 splits automatically. Default 1 (never)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
