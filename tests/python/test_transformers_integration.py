@@ -151,3 +151,34 @@ def test_padded_batch_matches_sdpa_on_real_tokens():
     ref = theirs(input_ids=tokens, attention_mask=attention_mask).logits
     real = attention_mask.bool()
     assert_close(got[real], ref[real], torch.float64, scale_floor=1.0)
+
+
+def test_padded_generation_with_split_keys_matches_sdpa(monkeypatch):
+    # register(num_splits=0) with left padding: the masked calls go to samattn.attention with
+    # the split option (plumbing on the CPU, where the reference ignores it); the real tokens'
+    # generation stays sdpa's.
+    seen = []
+    original = samattn_hf.attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("num_splits"), kwargs.get("attn_mask") is not None))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(samattn_hf, "attention", spy)
+    samattn_hf.register(num_splits=0)
+    try:
+        ours = tiny_llama("samattn", torch.float64, "cpu")
+        theirs = tiny_llama("sdpa", torch.float64, "cpu")
+        tokens = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(5))
+        attention_mask = torch.ones(2, 10, dtype=torch.long)
+        attention_mask[1, :3] = 0
+        kwargs = dict(attention_mask=attention_mask, max_new_tokens=4, do_sample=False,
+                      output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        got = ours.generate(tokens, **kwargs)
+        ref = theirs.generate(tokens, **kwargs)
+    finally:
+        samattn_hf.register()
+    assert any(masked for _, masked in seen) and all(n == 0 for n, _ in seen)
+    assert torch.equal(got.sequences, ref.sequences)
+    for a, b in zip(got.logits, ref.logits):
+        assert_close(a, b, torch.float64, scale_floor=1.0)

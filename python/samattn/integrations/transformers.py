@@ -43,6 +43,10 @@ def samattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
         out = attention(query, key, value, causal=causal, scale=scaling, num_splits=num_splits)
+    elif num_splits != 1 and attention_mask.dim() == 4:
+        # The same call as the drop-in's (4-D, grouped heads native), with the split option.
+        out = attention(query, key, value, scale=scaling, attn_mask=attention_mask,
+                        num_splits=num_splits)
     else:
         out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                            scale=scaling, enable_gqa=True)
@@ -52,9 +56,9 @@ def samattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 def register(name: str = NAME, *, num_splits: int = 1) -> None:
     """Registers samattn as `attn_implementation=name` (default "samattn") in transformers.
 
-    num_splits: samattn.attention's split-key option for the calls without a mask (decoding
-    steps against the cache arrive so; padded batches' masked calls go through the SDPA drop-in,
-    which does not take it): 0 splits automatically. Default 1 (never)."""
+    num_splits: samattn.attention's split-key option (see its docstring) for the decoding steps
+    against the cache, unmasked or with a padded batch's 4-D mask: 0 splits automatically.
+    Default 1 (never)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
