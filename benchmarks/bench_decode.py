@@ -30,10 +30,12 @@ from samattn.bench.report import environment
 from samattn.bench.timing import measure_interleaved, rotation_count
 
 HEAD_DIM = 128
-# (batch, query heads, kv heads, new queries, cached keys)
-SHAPES = [(1, 32, 8, 1, 4096), (1, 32, 8, 1, 16384), (1, 32, 8, 1, 65536), (4, 32, 8, 1, 16384),
-          (16, 32, 8, 1, 8192), (1, 32, 32, 1, 16384), (64, 32, 8, 1, 2048),
-          (1, 32, 8, 5, 16384), (4, 32, 8, 5, 16384)]
+# (batch, query heads, kv heads, new queries, cached keys, padded): padded rows give each batch
+# entry its own cache length through a (B, 1, 1, S) boolean mask, as a padded batch decodes.
+SHAPES = [(1, 32, 8, 1, 4096, False), (1, 32, 8, 1, 16384, False), (1, 32, 8, 1, 65536, False),
+          (4, 32, 8, 1, 16384, False), (16, 32, 8, 1, 8192, False), (1, 32, 32, 1, 16384, False),
+          (64, 32, 8, 1, 2048, False), (1, 32, 8, 5, 16384, False), (4, 32, 8, 5, 16384, False),
+          (4, 32, 8, 1, 16384, True)]
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -53,9 +55,13 @@ def input_sets(batch, heads_q, heads_kv, queries, keys, count, generator):
 
 
 def methods_for(sets, splits: int, gqa: bool, bias) -> dict:
-    """bias: torch's causal_lower_right for the drafts, None for one query (which sees all)."""
+    """bias: torch's causal_lower_right for the drafts, a boolean padding mask, or None for one
+    query (which sees all)."""
+    padding = bias if isinstance(bias, torch.Tensor) and bias.dtype == torch.bool else None
+
     def samattn_call(q, k, v, num_splits):
-        return lambda: samattn.attention(q, k, v, causal="lower_right", num_splits=num_splits)
+        return lambda: samattn.attention(q, k, v, causal="lower_right", attn_mask=padding,
+                                         num_splits=num_splits)
 
     def sdpa_call(q, k, v, backend):
         def call():
@@ -84,12 +90,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows, failed = [], False
-    for batch, heads_q, heads_kv, queries, keys in SHAPES:
+    for batch, heads_q, heads_kv, queries, keys, padded in SHAPES:
         cache_bytes = 2 * batch * keys * heads_kv * HEAD_DIM * 2
         count = rotation_count(cache_bytes, torch.cuda.mem_get_info()[0])
         sets = input_sets(batch, heads_q, heads_kv, queries, keys, count, generator)
         gqa = heads_q != heads_kv
         bias = causal_lower_right(queries, keys) if queries > 1 else None
+        if padded:  # cache lengths from a quarter to all of the keys
+            lengths = torch.linspace(keys // 4, keys, batch, device="cuda").long()
+            bias = (torch.arange(keys, device="cuda")[None, :] < lengths[:, None])[:, None, None]
         methods = methods_for(sets, args.splits, gqa, bias)
         q, k, v = sets[0]
         with sdpa_kernel(SDPBackend.MATH):
@@ -116,11 +125,13 @@ def main(argv=None) -> int:
         sdpa = [t.median_ms for n, t in timings.items() if n.startswith("sdpa")]
         best_sdpa = min(sdpa) if sdpa else None
         row = {"batch": batch, "heads_q": heads_q, "heads_kv": heads_kv, "seqlen_q": queries,
-               "seqlen_k": keys, "causal": "lower_right", "head_dim": HEAD_DIM,
+               "seqlen_k": keys, "causal": "lower_right", "padded": padded, "head_dim": HEAD_DIM,
                "cache_bytes": cache_bytes, "input_sets": count,
                "selected_backend": {
-                   "unsplit": samattn.selected_backend(q, k, v, causal="lower_right"),
+                   "unsplit": samattn.selected_backend(q, k, v, causal="lower_right",
+                                                       attn_mask=bias if padded else None),
                    "split_auto": samattn.selected_backend(q, k, v, causal="lower_right",
+                                                          attn_mask=bias if padded else None,
                                                           num_splits=0)},
                "max_abs_error_vs_fp32": errors, "methods": {}}
         for name, t in timings.items():
@@ -130,7 +141,8 @@ def main(argv=None) -> int:
                 "best_sdpa_over_this": best_sdpa / t.median_ms if best_sdpa else None}
         rows.append(row)
         line = " ".join(f"{n}={t.median_ms * 1e3:.1f}us" for n, t in timings.items())
-        print(f"B={batch} Hq={heads_q} Hkv={heads_kv} T={queries} S={keys}: {line}")
+        print(f"B={batch} Hq={heads_q} Hkv={heads_kv} T={queries} S={keys}"
+              f"{' padded' if padded else ''}: {line}")
     result = {**environment(), "dtype": "bf16", "layout": "(B, S, H, D) caches",
               "split_outputs_within_bound": not failed, "rows": rows}
     with open(args.out, "w") as f:
