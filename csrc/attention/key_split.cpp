@@ -123,22 +123,27 @@ KeySplit key_split_for(const AttentionParams& p) {
   return split;
 }
 
-size_t key_split_workspace_bytes(const AttentionParams& p, const KeySplit& split) {
-  const auto rows = static_cast<size_t>(split.parts() * workspace_rows(p));
-  return workspace_round_up(rows * static_cast<size_t>(p.head_dim_v) * sizeof(float)) +
-         workspace_round_up(rows * sizeof(float));
+namespace {
+
+// The chunks' (out, lse) arrays are one prior part of the problem repeated per chunk.
+AttentionParams every_chunk(const AttentionParams& p, const KeySplit& split) {
+  AttentionParams all = p;
+  all.batch = split.parts() * p.batch;
+  return all;
 }
 
-SplitWorkspace carve_split_workspace(void* base, const AttentionParams& p, const KeySplit& split) {
-  const auto rows = static_cast<size_t>(split.parts() * workspace_rows(p));
-  auto* bytes = static_cast<unsigned char*>(base);
-  const size_t out_bytes =
-      workspace_round_up(rows * static_cast<size_t>(p.head_dim_v) * sizeof(float));
-  return {reinterpret_cast<float*>(bytes), reinterpret_cast<float*>(bytes + out_bytes)};
+}  // namespace
+
+size_t key_split_workspace_bytes(const AttentionParams& p, const KeySplit& split) {
+  return prior_part_bytes(every_chunk(p, split));
+}
+
+PriorPart carve_split_workspace(void* base, const AttentionParams& p, const KeySplit& split) {
+  return carve_prior_part(base, every_chunk(p, split));
 }
 
 std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeySplit& split,
-                                            const SplitWorkspace& workspace) {
+                                            const PriorPart& workspace) {
   const int bytes = dtype_size(p.dtype);
   const int64_t rows = workspace_rows(p);
   const int64_t dim_v = p.head_dim_v;
@@ -203,7 +208,7 @@ void key_split_forward(const AttentionParams& params, const KeySplit& split, cud
   SAMATTN_CHECK(p.workspace != nullptr, "the split-key forward needs a workspace of ",
                 static_cast<uint64_t>(key_split_workspace_bytes(p, split)),
                 " bytes (attention_forward_workspace_bytes)");
-  const SplitWorkspace workspace = carve_split_workspace(p.workspace, p, split);
+  const PriorPart workspace = carve_split_workspace(p.workspace, p, split);
   for (const SplitLaunch& launch : key_split_launches(p, split, workspace)) {
     ForwardKernelParams kernel = make_forward_kernel_params(launch.view);
     kernel.out_is_float = true;

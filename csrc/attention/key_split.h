@@ -25,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "attention/prior_part.h"
 #include "common/host_device.h"
 #include "samattn/attention.h"
 
@@ -76,15 +77,10 @@ KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, Spli
 KeySplit key_split_for(const AttentionParams& params);
 
 // fp32 workspace of a split: each chunk's output (parts, batch, heads_q, seqlen_q, head_dim_v)
-// and lse (parts, batch, heads_q, seqlen_q), 256-byte aligned pieces.
+// and lse (parts, batch, heads_q, seqlen_q), laid out as a prior part (prior_part.h) of a
+// problem with parts * batch batch entries.
 size_t key_split_workspace_bytes(const AttentionParams& params, const KeySplit& split);
-
-struct SplitWorkspace {
-  float* out;
-  float* lse;
-};
-SplitWorkspace carve_split_workspace(void* base, const AttentionParams& params,
-                                     const KeySplit& split);
+PriorPart carve_split_workspace(void* base, const AttentionParams& params, const KeySplit& split);
 
 // One launch of chunks: `view` holds q, k, v, the shapes (batch = chunks, heads = merged
 // (batch, head) pairs) and out (fp32 workspace, strides in floats); its lse goes to view.lse
@@ -96,7 +92,7 @@ struct SplitLaunch {
 
 // Every launch of the split's chunks, in order, writing into `workspace`.
 std::vector<SplitLaunch> key_split_launches(const AttentionParams& params, const KeySplit& split,
-                                            const SplitWorkspace& workspace);
+                                            const PriorPart& workspace);
 
 // The merge of one row's chunks (see the top of this file), shared by the kernel and the host
 // tests. `lse` points at the row's lse in chunk 0, consecutive chunks `chunk_stride` apart.
@@ -125,7 +121,7 @@ SAMATTN_HOST_DEVICE float merged_value(const float* out, const float* lse, int64
 
 // Merges the chunks in the workspace into params.out (params.dtype) and params.lse (if set).
 void merge_key_split(const AttentionParams& params, const KeySplit& split,
-                     const SplitWorkspace& workspace, cudaStream_t stream);
+                     const PriorPart& workspace, cudaStream_t stream);
 
 // Runs the split of key_split_for(params): packs the query heads, runs the chunks' launches on
 // the tensor-core kernels, then the merge (params.workspace of key_split_workspace_bytes bytes).

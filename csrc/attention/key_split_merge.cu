@@ -53,8 +53,8 @@ void launch_merge(const MergeParams& m, cudaStream_t stream) {
 
 }  // namespace
 
-void merge_key_split(const AttentionParams& p, const KeySplit& split,
-                     const SplitWorkspace& workspace, cudaStream_t stream) {
+void merge_key_split(const AttentionParams& p, const KeySplit& split, const PriorPart& workspace,
+                     cudaStream_t stream) {
   const MergeParams m{
       workspace.out,       workspace.lse,      split.parts(),     p.batch * p.heads_q * p.seqlen_q,
       p.head_dim_v,        p.heads_q,          p.seqlen_q,        p.out,

@@ -270,7 +270,7 @@ void check_split_equals_whole(const SplitCase& c) {
 
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   std::vector<unsigned char> workspace(detail::key_split_workspace_bytes(p, split));
-  const detail::SplitWorkspace ws = detail::carve_split_workspace(workspace.data(), p, split);
+  const detail::PriorPart ws = detail::carve_split_workspace(workspace.data(), p, split);
   std::fill(ws.out, ws.out + split.parts() * rows * p.head_dim_v, NAN);
   std::fill(ws.lse, ws.lse + split.parts() * rows, NAN);
 
