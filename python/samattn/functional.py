@@ -44,6 +44,7 @@ class _CausalPlan:
         else:
             lower_right = False
         self.causal = bool(causal)
+        self.seqlen_q = seqlen_q
         self.left, self.right = left, right
         self.empty_rows = 0       # leading query rows that see no key
         self.all_empty = False    # every row sees no key
@@ -65,6 +66,18 @@ class _CausalPlan:
             self.left = left - self.empty_rows
             self.all_empty = self.left < 0
         self.right = -1  # the causal edge r is below the window's r + empty_rows + right
+
+    @property
+    def first_row(self) -> int:
+        """The first query row the call computes (the rows before it see no key)."""
+        return self.seqlen_q if self.all_empty else self.empty_rows
+
+    @property
+    def window(self) -> Optional[Tuple[int, int]]:
+        """The window option of the call on rows first_row.. (None: no window)."""
+        if self.all_empty or (self.left, self.right) == (-1, -1):
+            return None
+        return self.left, self.right
 
 
 def _rows_from(t: Optional[Tensor], first: int, rows: int) -> Optional[Tensor]:
@@ -195,14 +208,13 @@ def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend
     if plan.empty_rows and block_sparse is not None:
         raise ValueError("samattn: causal='lower_right' with seqlen_q > seqlen_k does not combine "
                          "with block_sparse (its query blocks would shift)")
-    window = (-1, -1) if plan.all_empty else (plan.left, plan.right)
     options = dict(scale=scale, kv_stride=kv_stride, return_lse=return_lse, backend=backend,
-                   window=None if window == (-1, -1) else window, sparse_pattern=sparse_pattern,
+                   window=plan.window, sparse_pattern=sparse_pattern,
                    sparse_block=sparse_block, sparse_summary=sparse_summary,
                    block_sparse=block_sparse, num_splits=num_splits)
-    if plan.empty_rows == 0:
+    first = plan.first_row
+    if first == 0:
         return attention(q, k, v, causal=plan.causal, attn_mask=attn_mask, **options)
-    first = seqlen_q if plan.all_empty else plan.empty_rows
     result = attention(q[..., first:, :], k, v, causal=True,
                        attn_mask=_rows_from(attn_mask, first, seqlen_q), **options)
     out, lse = result if return_lse else (result, None)
@@ -266,10 +278,7 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
     if causal is not False and causal is not True:
         # As samattn.attention runs a named causal option: on the trailing rows, with a window.
         plan = _CausalPlan(causal, q.shape[-2], k.shape[-2], *_window_pair(window))
-        first = q.shape[-2] if plan.all_empty else plan.empty_rows
-        window = None if plan.all_empty or (plan.left, plan.right) == (-1, -1) else \
-            (plan.left, plan.right)
-        q, causal = q[..., first:, :], plan.causal or first > 0
+        q, causal, window = q[..., plan.first_row:, :], plan.causal, plan.window
     if backward:
         if attn_mask is not None or window is not None or sparse_pattern != "none" or \
                 block_sparse is not None:

@@ -9,7 +9,7 @@ and returns (batch, seq_len, heads, head_dim), like transformers' "sdpa" impleme
 builder is transformers' SDPA one: a causal batch without padding arrives as `attention_mask=None`
 and runs samattn's causal kernel; grouped-query attention runs natively (no repeat of K/V). A
 batch with padding (or any other explicit mask) passes its boolean mask to
-samattn.scaled_dot_product_attention(attn_mask=...).
+samattn.attention(attn_mask=...).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from samattn.functional import attention, scaled_dot_product_attention
+from samattn.functional import attention
 
 NAME = "samattn"
 
@@ -43,22 +43,19 @@ def samattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
         out = attention(query, key, value, causal=causal, scale=scaling, num_splits=num_splits)
-    elif num_splits != 1 and attention_mask.dim() == 4:
-        # The same call as the drop-in's (4-D, grouped heads native), with the split option.
+    else:
+        # transformers' 4-D mask (grouped heads run natively, the mask broadcasts over them).
         out = attention(query, key, value, scale=scaling, attn_mask=attention_mask,
                         num_splits=num_splits)
-    else:
-        out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                           scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 
 def register(name: str = NAME, *, num_splits: int = 1) -> None:
     """Registers samattn as `attn_implementation=name` (default "samattn") in transformers.
 
-    num_splits: samattn.attention's split-key option (see its docstring) for the decoding steps
-    against the cache, unmasked or with a padded batch's 4-D mask: 0 splits automatically.
-    Default 1 (never)."""
+    num_splits: samattn.attention's split-key option (see its docstring) for every call, so the
+    decoding steps against the cache split, unmasked or with a padded batch's mask: 0 splits
+    automatically. Default 1 (never)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
