@@ -146,7 +146,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     are enough keys to share); n > 1: about n chunks. Only float16/bfloat16 CUDA calls that the
     tensor-core kernels can run split, without causal=True or mask options other than attn_mask
     and a window's right edge (so causal="lower_right", new queries against a cache, and padded
-    batches' masks split); others run as with 1. Not yet timed on a GPU (see the README's Known gaps), hence off by default.
+    batches' masks split); others run as with 1. Not yet timed on a GPU (see the README's Known
+    gaps), hence off by default.
 
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 
