@@ -39,8 +39,10 @@ ForwardKernelParams make_forward_kernel_params(const AttentionParams& p) {
   k.causal = p.causal;
   k.lse_batch_stride = p.heads_q * p.seqlen_q;
   k.lse_head_stride = p.seqlen_q;
-  k.policy = make_mask_policy(p.causal, p.mask);
-  k.has_policy = p.mask.has_window() || p.mask.pattern != SparsePattern::kNone;
+  // Under varlen the kernels set bottom-right causal's shift per sequence (for_sequence).
+  k.policy = for_sequence(make_mask_policy(p.causal, p.mask), p.seqlen_q, p.seqlen_k);
+  k.has_policy =
+      p.mask.has_window() || p.mask.causal_lower_right || p.mask.pattern != SparsePattern::kNone;
   k.mask = p.mask.data;
   k.mask_dtype = p.mask.dtype;
   k.mask_batch_stride = p.mask.batch_stride;

@@ -63,7 +63,7 @@ AttentionParams packed_query_heads(const AttentionParams& p) {
 bool splittable_mask(const AttentionParams& p) {
   const MaskOptions& m = p.mask;
   return !m.has_block_map() && !m.is_varlen() && m.pattern == SparsePattern::kNone &&
-         m.window_left < 0;
+         m.window_left < 0 && !m.causal_lower_right;
 }
 
 bool chunk_heads_merge(const AttentionParams& p) {

@@ -56,7 +56,8 @@ struct SplitTile {
 AttentionParams packed_query_heads(const AttentionParams& params);
 
 // Whether the call's mask options split: an element mask (its columns cut with the keys) and a
-// window's right edge (see the top of the file); not a left edge, block map, pattern or varlen.
+// window's right edge (see the top of the file); not a left edge, block map, pattern, varlen or
+// mask.causal_lower_right (the torch layer passes a dense call's as a right edge).
 bool splittable_mask(const AttentionParams& params);
 
 // Whether one launch takes every batch entry: the (batch, head) pairs of q, k, v and of the

@@ -66,20 +66,23 @@ __device__ __forceinline__ detail::BlockClass block_map_class(const detail::Forw
 
 // Applies everything but the element mask to one score: -inf when logical key `key` is past
 // key_end or hidden from `query` by causal, the window or the pattern.
+// `policy` is p.policy or, under varlen, the sequence's (detail::for_sequence).
 __device__ __forceinline__ bool key_structurally_hidden(const detail::ForwardKernelParams& p,
+                                                        const detail::MaskPolicy& policy,
                                                         int64_t query, int64_t key,
                                                         int64_t key_end) {
   if (key >= key_end) return true;
   if (!p.has_policy) return p.causal && key * p.kv_stride > query;
-  return !detail::structurally_visible(p.policy, query, key * p.kv_stride);
+  return !detail::structurally_visible(policy, query, key * p.kv_stride);
 }
 
 // Masks one score in the log2 domain: structure, then the additive element mask.
 template <typename Acc>
-__device__ __forceinline__ Acc masked_score(const detail::ForwardKernelParams& p, int64_t b,
-                                            int64_t h, int64_t query, int64_t key, int64_t key_end,
+__device__ __forceinline__ Acc masked_score(const detail::ForwardKernelParams& p,
+                                            const detail::MaskPolicy& policy, int64_t b, int64_t h,
+                                            int64_t query, int64_t key, int64_t key_end,
                                             Acc score) {
-  if (key_structurally_hidden(p, query, key, key_end)) return negative_infinity<Acc>();
+  if (key_structurally_hidden(p, policy, query, key, key_end)) return negative_infinity<Acc>();
   if (p.block_map != nullptr && !block_listed(p, b, h, query, key * p.kv_stride)) {
     return negative_infinity<Acc>();
   }
@@ -144,8 +147,9 @@ __device__ __forceinline__ void fill_mask_tile(Acc* tile, const detail::ForwardK
     const int key = kRowStride == 1 ? e / kRows : e % kKeys;
     // Rows past the block's valid queries are never read from the mask tensor.
     tile[row * kRowStride + key * kKeyStride] =
-        row < rows ? masked_score<Acc>(p, b, h, m_begin + row, n_begin + key, key_end, Acc(0))
-                   : negative_infinity<Acc>();
+        row < rows
+            ? masked_score<Acc>(p, p.policy, b, h, m_begin + row, n_begin + key, key_end, Acc(0))
+            : negative_infinity<Acc>();
   }
 }
 
@@ -154,12 +158,12 @@ __device__ __forceinline__ void fill_mask_tile(Acc* tile, const detail::ForwardK
 // whenever an element mask is present, a key is past key_end, or the policy or the block map
 // hides some pair.
 __device__ __forceinline__ detail::BlockClass classify_key_block(
-    const detail::ForwardKernelParams& p, int64_t b, int64_t h, int64_t m_begin, int rows,
-    int64_t n_begin, int block_n, int64_t key_end) {
+    const detail::ForwardKernelParams& p, const detail::MaskPolicy& policy, int64_t b, int64_t h,
+    int64_t m_begin, int rows, int64_t n_begin, int block_n, int64_t key_end) {
   const int64_t n_last = min(n_begin + block_n, key_end) - 1;
   if (n_last < n_begin) return detail::BlockClass::kSkip;
   const detail::BlockClass structure = detail::classify_block(
-      p.policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
+      policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
   if (structure == detail::BlockClass::kSkip) return structure;
   detail::BlockClass map = detail::BlockClass::kFull;
   if (p.block_map != nullptr) {

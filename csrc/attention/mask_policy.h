@@ -24,19 +24,36 @@ namespace samattn::detail {
 
 // The structural part of a mask, copied by value into the kernel parameters.
 struct MaskPolicy {
-  bool causal;
+  bool causal;           // top-left, or bottom-right where lower_right
   int64_t window_left;   // -1: unbounded
   int64_t window_right;  // -1: unbounded
   SparsePattern pattern;
   int64_t block;    // pattern's l
   int64_t summary;  // pattern's c (kFixed)
+  // Causal lets query i see positions j <= i + causal_shift: 0 is top-left; bottom-right is the
+  // sequence's seqlen_k - seqlen_q, which for_sequence() sets where lower_right is.
+  int64_t causal_shift = 0;
+  bool lower_right = false;
 };
 
 enum class BlockClass : int { kSkip, kPartial, kFull };
 
 SAMATTN_HOST_DEVICE MaskPolicy make_mask_policy(bool causal, const MaskOptions& m) {
-  return MaskPolicy{causal,    m.window_left,   m.window_right,
-                    m.pattern, m.pattern_block, m.pattern_summary};
+  return MaskPolicy{causal || m.causal_lower_right,
+                    m.window_left,
+                    m.window_right,
+                    m.pattern,
+                    m.pattern_block,
+                    m.pattern_summary,
+                    0,
+                    m.causal_lower_right};
+}
+
+// The policy of a sequence of seqlen_q queries and seqlen_k (physical) keys: bottom-right
+// causal's shift comes from the lengths (per sequence under varlen).
+SAMATTN_HOST_DEVICE MaskPolicy for_sequence(MaskPolicy p, int64_t seqlen_q, int64_t seqlen_k) {
+  if (p.lower_right) p.causal_shift = seqlen_k - seqlen_q;
+  return p;
 }
 
 // True when the policy never hides a key (only the element mask, kv_stride and lengths may).
@@ -54,7 +71,7 @@ SAMATTN_HOST_DEVICE int64_t floor_div(int64_t a, int64_t b) {
 
 SAMATTN_HOST_DEVICE bool structurally_visible(const MaskPolicy& p, int64_t i, int64_t j) {
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
-  if (causal && j > i) return false;
+  if (causal && j > i + p.causal_shift) return false;
   if (p.window_left >= 0 && j < i - p.window_left) return false;
   if (p.window_right >= 0 && j > i + p.window_right) return false;
   switch (p.pattern) {
@@ -78,7 +95,7 @@ SAMATTN_HOST_DEVICE KeyRange visible_key_range(const MaskPolicy& p, int64_t q_be
                                                int64_t seqlen_k) {
   int64_t begin = 0, end = seqlen_k;
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
-  if (causal && q_end < end) end = q_end;
+  if (causal && q_end + p.causal_shift < end) end = q_end + p.causal_shift;
   if (p.window_right >= 0 && q_end + p.window_right < end) end = q_end + p.window_right;
   if (p.window_left >= 0 && q_begin - p.window_left > begin) begin = q_begin - p.window_left;
   if (begin > seqlen_k) begin = seqlen_k;
@@ -100,8 +117,10 @@ SAMATTN_HOST_DEVICE Span visible_key_span(const MaskPolicy& p, int64_t i, int64_
                                           int64_t kv_stride) {
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
   int64_t begin = 0, end = kept_keys;
-  // n * s <= i (causal) and n * s <= i + right: n <= floor(x / s).
-  if (causal && floor_div(i, kv_stride) + 1 < end) end = floor_div(i, kv_stride) + 1;
+  // n * s <= i + shift (causal) and n * s <= i + right: n <= floor(x / s).
+  if (causal && floor_div(i + p.causal_shift, kv_stride) + 1 < end) {
+    end = floor_div(i + p.causal_shift, kv_stride) + 1;
+  }
   if (p.window_right >= 0 && floor_div(i + p.window_right, kv_stride) + 1 < end) {
     end = floor_div(i + p.window_right, kv_stride) + 1;
   }
@@ -124,7 +143,7 @@ SAMATTN_HOST_DEVICE Span visible_query_span(const MaskPolicy& p, int64_t n, int6
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
   const int64_t j = n * kv_stride;
   int64_t begin = 0, end = seqlen_q;
-  if (causal && j > begin) begin = j;                                                  // i >= j
+  if (causal && j - p.causal_shift > begin) begin = j - p.causal_shift;  // j <= i + shift
   if (p.window_right >= 0 && j - p.window_right > begin) begin = j - p.window_right;   // j <= i + r
   if (p.window_left >= 0 && j + p.window_left + 1 < end) end = j + p.window_left + 1;  // j >= i - l
   if (begin > seqlen_q) begin = seqlen_q;  // a key first seen past the last query: empty at the end
@@ -143,11 +162,9 @@ SAMATTN_HOST_DEVICE BlockClass classify_block(const MaskPolicy& p, int64_t q0, i
   const int64_t d_min = qa - kb, d_max = qb - ka;
   int64_t lo = d_min, hi = d_max;  // visible differences by causal and window: [lo, hi]
   bool band_full = true;
-  if (causal) {
-    if (lo < 0) {
-      lo = 0;
-      band_full = false;
-    }
+  if (causal && lo < -p.causal_shift) {
+    lo = -p.causal_shift;
+    band_full = false;
   }
   if (p.window_right >= 0 && lo < -p.window_right) {
     lo = -p.window_right;

@@ -102,6 +102,14 @@ void validate_mask_options(const AttentionParams& p) {
       SAMATTN_CHECK(false, "sparse pattern ", static_cast<int>(m.pattern),
                     " is not one of none, strided, fixed");
   }
+  if (m.causal_lower_right) {
+    SAMATTN_CHECK(!p.causal,
+                  "causal (top-left) and mask.causal_lower_right (bottom-right) are both set; "
+                  "expected at most one");
+    SAMATTN_CHECK(m.pattern == SparsePattern::kNone, "mask.causal_lower_right with sparse pattern ",
+                  sparse_pattern_name(m.pattern),
+                  ": the patterns are top-left causal by definition; expected pattern none");
+  }
   SAMATTN_CHECK((m.cu_seqlens_q == nullptr) == (m.cu_seqlens_k == nullptr),
                 "cu_seqlens_q and cu_seqlens_k must be given together (varlen), got ",
                 m.cu_seqlens_q == nullptr ? "only cu_seqlens_k" : "only cu_seqlens_q");

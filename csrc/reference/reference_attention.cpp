@@ -23,7 +23,8 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
                     std::vector<double>& scores) {
   const int64_t hk = h / (p.heads_q / p.heads_kv);
   const detail::SequenceRows rows = detail::sequence_rows(p, b);
-  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  const detail::MaskPolicy policy = detail::for_sequence(detail::make_mask_policy(p.causal, p.mask),
+                                                         rows.seqlen_q, rows.seqlen_k);
   // Varlen tensors have batch stride 0: the sequence's first row locates it.
   const int64_t q_base =
       b * p.q_strides.batch + h * p.q_strides.head + rows.q_row0 * p.q_strides.seq;

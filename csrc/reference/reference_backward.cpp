@@ -31,7 +31,8 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
   const DType t = p.dtype;
   const int64_t group = p.heads_q / p.heads_kv;
   const detail::SequenceRows rows = detail::sequence_rows(p, b);
-  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  const detail::MaskPolicy policy = detail::for_sequence(detail::make_mask_policy(p.causal, p.mask),
+                                                         rows.seqlen_q, rows.seqlen_k);
   const int64_t q0 = rows.q_row0, k0 = rows.k_row0;
   const int64_t sk = rows.seqlen_k, d = p.head_dim, dv_dim = p.head_dim_v;
   std::vector<double> dk(sk * d, 0.0), dv(sk * dv_dim, 0.0), dq(d);

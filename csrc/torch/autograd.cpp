@@ -37,11 +37,11 @@ using AttentionForwardIntoSignature = void(const at::Tensor&, const at::Tensor&,
                                            c10::string_view);
 using VarlenForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view);
+    int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, bool);
 using VarlenBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
-    std::optional<double>, bool, int64_t, int64_t);
+    std::optional<double>, bool, int64_t, int64_t, bool);
 
 const OperatorHandle<AttentionForwardSignature> attention_forward_op("samattn::attention_forward");
 const OperatorHandle<AttentionBackwardSignature> attention_backward_op(
@@ -178,8 +178,8 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
   }
 };
 
-// varlen_attention_forward's 13 arguments, in the schema's order (ops.cpp).
-constexpr size_t kVarlenForwardArguments = 13;
+// varlen_attention_forward's 14 arguments, in the schema's order (ops.cpp).
+constexpr size_t kVarlenForwardArguments = 14;
 
 class VarlenForward : public torch::autograd::Function<VarlenForward> {
  public:
@@ -188,11 +188,11 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
                                const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                int64_t max_seqlen_k, std::optional<double> scale, bool causal,
                                int64_t window_left, int64_t window_right, bool return_lse,
-                               c10::string_view backend) {
+                               c10::string_view backend, bool causal_lower_right) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse] = varlen_forward_op().call(query, key, value, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k, scale, causal,
-                                               window_left, window_right, return_lse, backend);
+    auto [out, lse] = varlen_forward_op().call(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
+        window_left, window_right, return_lse, backend, causal_lower_right);
     ctx->save_for_backward({query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k});
     ctx->mark_non_differentiable({lse});
     save_options(ctx, {{"max_seqlen_q", max_seqlen_q},
@@ -201,7 +201,8 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
                        {"causal", causal},
                        {"window_left", window_left},
                        {"window_right", window_right},
-                       {"backend", std::string(backend)}});
+                       {"backend", std::string(backend)},
+                       {"causal_lower_right", causal_lower_right}});
     return {out, lse};
   }
 
@@ -217,14 +218,15 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
     const bool causal = data["causal"].toBool();
     const int64_t window_left = data["window_left"].toInt();
     const int64_t window_right = data["window_right"].toInt();
+    const bool causal_lower_right = data["causal_lower_right"].toBool();
     if (lse.dim() != 2) {  // the forward ran with return_lse=False: recompute it
       lse = std::get<1>(varlen_forward_op().call(
           query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-          window_left, window_right, true, data["backend"].toStringRef()));
+          window_left, window_right, true, data["backend"].toStringRef(), causal_lower_right));
     }
     auto [dq, dk, dv] = varlen_backward_op().call(
         rows_contiguous(grads[0]), query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k,
-        max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right);
+        max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, causal_lower_right);
     variable_list input_grads(kVarlenForwardArguments);
     input_grads[0] = dq;
     input_grads[1] = dk;
@@ -280,16 +282,16 @@ std::tuple<at::Tensor, at::Tensor> varlen_forward_autograd(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right, bool return_lse, c10::string_view backend) {
+    int64_t window_right, bool return_lse, c10::string_view backend, bool causal_lower_right) {
   if (!records_graph({&query, &key, &value})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return varlen_forward_op().call(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, scale, causal, window_left, window_right,
-                                    return_lse, backend);
+                                    return_lse, backend, causal_lower_right);
   }
   const variable_list outputs = VarlenForward::apply(
       query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-      window_left, window_right, return_lse, backend);
+      window_left, window_right, return_lse, backend, causal_lower_right);
   return {outputs[0], outputs[1]};
 }
 
@@ -318,16 +320,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_autograd(
     const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right) {
+    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+    bool causal_lower_right) {
   const auto& op = varlen_backward_op();
   if (!records_graph({&dout, &query, &key, &value, &out})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(dout, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, scale, causal, window_left, window_right);
+                   max_seqlen_k, scale, causal, window_left, window_right, causal_lower_right);
   }
   const variable_list grads = NoDoubleBackward<VarlenBackwardSignature>::apply(
       op, dout, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      scale, causal, window_left, window_right);
+      scale, causal, window_left, window_right, causal_lower_right);
   return {grads[0], grads[1], grads[2]};
 }
 

@@ -147,12 +147,13 @@ std::tuple<at::Tensor, at::Tensor> varlen_forward_op(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right, bool return_lse, c10::string_view backend) {
+    int64_t window_right, bool return_lse, c10::string_view backend, bool causal_lower_right) {
   AttentionParams params =
       make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          {scale, causal, 1, std::string_view(backend.data(), backend.size())});
   params.mask.window_left = window_left;
   params.mask.window_right = window_right;
+  params.mask.causal_lower_right = causal_lower_right;
   at::Tensor out = at::empty({query.size(0), query.size(1), value.size(2)}, query.options());
   at::Tensor lse = at::empty(
       return_lse ? std::vector<int64_t>{query.size(1), query.size(0)} : std::vector<int64_t>{0},
@@ -169,12 +170,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
     const at::Tensor& dout, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right) {
+    std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
+    bool causal_lower_right) {
   AttentionParams forward =
       make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          {scale, causal, 1, "auto"});
   forward.mask.window_left = window_left;
   forward.mask.window_right = window_right;
+  forward.mask.causal_lower_right = causal_lower_right;
   const std::vector<int64_t> out_shape{query.size(0), query.size(1), value.size(2)};
   for (const auto& [t, arg] : {std::pair{&out, "out"}, std::pair{&dout, "dout"}}) {
     TORCH_CHECK_VALUE(t->scalar_type() == query.scalar_type() && t->device() == query.device() &&
@@ -307,12 +310,12 @@ TORCH_LIBRARY(samattn, m) {
       "varlen_attention_forward(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? scale=None, "
       "bool causal=False, int window_left=-1, int window_right=-1, bool return_lse=False, "
-      "str backend='auto') -> (Tensor out, Tensor lse)");
+      "str backend='auto', bool causal_lower_right=False) -> (Tensor out, Tensor lse)");
   m.def(
       "varlen_attention_backward(Tensor dout, Tensor query, Tensor key, Tensor value, "
       "Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? scale=None, bool causal=False, int window_left=-1, "
-      "int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "int window_right=-1, bool causal_lower_right=False) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "

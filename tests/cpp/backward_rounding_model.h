@@ -59,7 +59,8 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
   const auto at = [](const Strides& s, int64_t b, int64_t h, int64_t row) {
     return b * s.batch + h * s.head + row * s.seq;
   };
-  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  const detail::MaskPolicy policy =
+      detail::for_sequence(detail::make_mask_policy(p.causal, p.mask), p.seqlen_q, p.seqlen_k);
   std::vector<double> bias(sk);
   std::vector<double> prob(sk), ds(sk), dk(sk * d), dk_terms(sk * d), dv(sk * dvd),
       dv_terms(sk * dvd), dq(d), dq_terms(d);

@@ -4,6 +4,7 @@
 // attn_mask, window, patterns and varlen against the fp64 reference for every dtype, forward and
 // backward, outputs poisoned.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -31,6 +32,14 @@ std::vector<MaskPolicy> policies() {
       }
     }
   }
+  // Bottom-right causal: the diagonal shifted by seqlen_k - seqlen_q, either way.
+  for (int64_t shift : {-7, -1, 3, 12}) {
+    for (int64_t left : {-1, 0, 9}) {
+      for (int64_t right : {-1, 2}) {
+        out.push_back({true, left, right, SparsePattern::kNone, 0, 0, shift, true});
+      }
+    }
+  }
   for (int64_t l : {1, 3, 4, 8}) {
     out.push_back({false, -1, -1, SparsePattern::kStrided, l, 0});
     out.push_back({true, 5, -1, SparsePattern::kStrided, l, 0});
@@ -39,6 +48,92 @@ std::vector<MaskPolicy> policies() {
     out.push_back({false, -1, -1, SparsePattern::kFixed, l, 0});
   }
   return out;
+}
+
+// Bottom-right causal from the definition: query i of a sequence of seqlen_q queries sees key
+// j <= i + seqlen_k - seqlen_q, whatever the call's maximum lengths (the shift is the sequence's).
+TEST(MaskPolicy, LowerRightCausalFollowsEachSequencesLengths) {
+  MaskOptions options;
+  options.causal_lower_right = true;
+  const MaskPolicy call = detail::make_mask_policy(false, options);
+  EXPECT_TRUE(call.causal);
+  EXPECT_TRUE(call.lower_right);
+  for (auto [seqlen_q, seqlen_k] :
+       {std::pair<int64_t, int64_t>{5, 5}, {3, 11}, {11, 3}, {1, 9}, {9, 1}, {4, 0}}) {
+    const MaskPolicy p = detail::for_sequence(call, seqlen_q, seqlen_k);
+    for (int64_t i = 0; i < seqlen_q; ++i) {
+      for (int64_t j = 0; j < seqlen_k; ++j) {
+        EXPECT_EQ(detail::structurally_visible(p, i, j), j <= i + seqlen_k - seqlen_q)
+            << "seqlen_q " << seqlen_q << " seqlen_k " << seqlen_k << " query " << i << " key "
+            << j;
+      }
+    }
+  }
+  // Top-left causal keeps its diagonal whatever the lengths.
+  const MaskPolicy top_left = detail::for_sequence(detail::make_mask_policy(true, {}), 3, 11);
+  EXPECT_FALSE(detail::structurally_visible(top_left, 0, 1));
+  EXPECT_TRUE(detail::structurally_visible(top_left, 2, 2));
+}
+
+// The reference with mask.causal_lower_right equals the reference fed the definition as a
+// boolean mask (j <= i + Sk - Sq, with kv_stride), forward (out, lse) and backward, exactly: both
+// sum the same visible keys in the same order.
+TEST(MaskReference, LowerRightCausalEqualsItsBooleanMask) {
+  for (auto [shape, kv_stride] : {std::pair<Shape, int64_t>{{1, 2, 1, 5, 9, 4, 3}, 1},
+                                  {{2, 2, 2, 9, 4, 4, 4}, 1},
+                                  {{1, 1, 1, 6, 13, 3, 3}, 2}}) {
+    std::vector<uint8_t> definition(shape.seqlen_q * shape.seqlen_k);
+    for (int64_t i = 0; i < shape.seqlen_q; ++i)
+      for (int64_t j = 0; j < shape.seqlen_k; ++j)
+        definition[i * shape.seqlen_k + j] = j <= i + shape.seqlen_k - shape.seqlen_q;
+    Problem flag(shape, DType::kFloat64, false, 7), mask(shape, DType::kFloat64, false, 7);
+    flag.params.kv_stride = mask.params.kv_stride = kv_stride;
+    flag.params.mask.causal_lower_right = true;
+    mask.params.mask.data = definition.data();
+    mask.params.mask.row_stride = shape.seqlen_k;
+    mask.params.mask.col_stride = 1;
+    const HostTensor got = flag.reference(/*with_lse=*/true);
+    const HostTensor want = mask.reference(/*with_lse=*/true);
+    const std::string where = "Sq " + std::to_string(shape.seqlen_q) + " Sk " +
+                              std::to_string(shape.seqlen_k) + " kv_stride " +
+                              std::to_string(kv_stride);
+    EXPECT_EQ(got.bytes, want.bytes) << where;
+    ASSERT_EQ(flag.lse.size(), mask.lse.size());
+    for (size_t r = 0; r < flag.lse.size(); ++r) {
+      EXPECT_TRUE(flag.lse[r] == mask.lse[r] || (std::isinf(flag.lse[r]) && flag.lse[r] < 0 &&
+                                                 std::isinf(mask.lse[r]) && mask.lse[r] < 0))
+          << where << " lse row " << r << ": " << flag.lse[r] << " vs " << mask.lse[r];
+    }
+    // The first Sq - Sk rows (when positive) see no key.
+    EXPECT_EQ(
+        std::count_if(flag.lse.begin(), flag.lse.end(), [](double x) { return std::isinf(x); }),
+        std::max<int64_t>(0, shape.seqlen_q - shape.seqlen_k) * shape.batch * shape.heads_q)
+        << where;
+    HostTensor dout(DType::kFloat64, flag.out.size());
+    fill_random(dout, 11);
+    std::vector<HostTensor> grads;
+    for (Problem* pb : {&flag, &mask}) {
+      HostTensor dq(DType::kFloat64, pb->q.size()), dk(DType::kFloat64, pb->k.size()),
+          dv(DType::kFloat64, pb->v.size());
+      AttentionBackwardParams bp;
+      bp.forward = pb->params;
+      bp.forward.out = const_cast<void*>(got.data());
+      bp.dout = dout.data();
+      bp.dout_strides = pb->params.out_strides;
+      bp.dq_strides = pb->params.q_strides;
+      bp.dk_strides = pb->params.k_strides;
+      bp.dv_strides = pb->params.v_strides;
+      bp.dq = dq.data();
+      bp.dk = dk.data();
+      bp.dv = dv.data();
+      reference_attention_backward(bp);
+      grads.push_back(dq);
+      grads.push_back(dk);
+      grads.push_back(dv);
+    }
+    for (int g = 0; g < 3; ++g)
+      EXPECT_EQ(grads[g].bytes, grads[g + 3].bytes) << where << " grad " << g;
+  }
 }
 
 // kSkip must mean no pair is visible and kFull that all are; kPartial is always allowed, but
@@ -55,7 +150,8 @@ TEST(MaskPolicy, BlockClassificationAgreesWithElements) {
                 visible += detail::structurally_visible(p, i, j) ? 1 : 0;
             const BlockClass got = detail::classify_block(p, q0, q0 + rows, k0, k0 + keys);
             const std::string where =
-                "policy causal=" + std::to_string(p.causal) + " window=(" +
+                "policy causal=" + std::to_string(p.causal) +
+                " shift=" + std::to_string(p.causal_shift) + " window=(" +
                 std::to_string(p.window_left) + "," + std::to_string(p.window_right) +
                 ") pattern=" + sparse_pattern_name(p.pattern) + " l=" + std::to_string(p.block) +
                 " c=" + std::to_string(p.summary) + " block q[" + std::to_string(q0) + "+" +
@@ -185,7 +281,8 @@ TEST(MaskPolicy, SpansMatchElementVisibility) {
           const bool visible = detail::structurally_visible(band, i, n * stride);
           EXPECT_EQ(visible, n >= keys.begin && n < keys.end)
               << "query " << i << " key " << n << " stride " << stride << " causal " << p.causal
-              << " window (" << p.window_left << ", " << p.window_right << ")";
+              << " shift " << p.causal_shift << " window (" << p.window_left << ", "
+              << p.window_right << ")";
         }
         EXPECT_LE(keys.begin, keys.end);
         EXPECT_LE(keys.end, kept) << "query " << i << " stride " << stride;
@@ -282,6 +379,14 @@ TEST(MaskValidation, NamedErrors) {
   p.mask.pattern = static_cast<SparsePattern>(9);
   expect_failure(p, "sparse pattern 9");
   p = pb.params;
+  p.mask.causal_lower_right = true;
+  p.causal = true;
+  expect_failure(p, "causal (top-left) and mask.causal_lower_right (bottom-right) are both set");
+  p.causal = false;
+  p.mask.pattern = SparsePattern::kStrided;
+  p.mask.pattern_block = 2;
+  expect_failure(p, "mask.causal_lower_right with sparse pattern strided");
+  p = pb.params;
   const int32_t cu[] = {0, 5};
   p.mask.cu_seqlens_q = cu;
   expect_failure(p, "cu_seqlens_q and cu_seqlens_k must be given together");
@@ -331,6 +436,7 @@ struct MaskCase {
   SparsePattern pattern;
   int64_t block, summary;
   bool element_mask;
+  bool lower_right = false;  // mask.causal_lower_right
 };
 
 const MaskCase kMaskCases[] = {
@@ -359,6 +465,27 @@ const MaskCase kMaskCases[] = {
     {"strided", {1, 2, 2, 260, 260, 64, 64}, false, -1, -1, SparsePattern::kStrided, 32, 0, false},
     {"fixed", {1, 2, 2, 260, 260, 128, 128}, false, -1, -1, SparsePattern::kFixed, 64, 8, false},
     {"bool_mask", {2, 2, 2, 77, 129, 40, 40}, false, -1, -1, SparsePattern::kNone, 0, 0, true},
+    // Bottom-right causal both ways (with Sq > Sk the first 39 rows see no key).
+    {"lower_right_sk_gt_sq",
+     {2, 2, 1, 70, 130, 64, 64},
+     false,
+     -1,
+     -1,
+     SparsePattern::kNone,
+     0,
+     0,
+     false,
+     true},
+    {"lower_right_sq_gt_sk_window_mask",
+     {1, 2, 2, 129, 90, 32, 32},
+     false,
+     25,
+     -1,
+     SparsePattern::kNone,
+     0,
+     0,
+     true,
+     true},
     {"bool_mask_causal_window",
      {1, 4, 2, 100, 100, 96, 96},
      true,
@@ -390,6 +517,7 @@ void apply(const MaskCase& c, AttentionParams& p, const void* mask) {
   p.mask.pattern = c.pattern;
   p.mask.pattern_block = c.block;
   p.mask.pattern_summary = c.summary;
+  p.mask.causal_lower_right = c.lower_right;
   if (c.element_mask) {
     p.mask.data = mask;
     p.mask.dtype = MaskDType::kBool;

@@ -55,6 +55,7 @@ struct TcMaskCase {
   int64_t map_q = 0, map_k = 0;  // block map sizes (0: none)
   bool workspace = true;         // give attention_forward its workspace (strided decomposition)
   bool deterministic = false;    // the backward's atomic-free dQ kernel
+  bool lower_right = false;      // mask.causal_lower_right (bottom-right causal)
 };
 
 // gtest prints a failing parameter with this (not as raw bytes).
@@ -151,12 +152,30 @@ std::vector<TcMaskCase> cases() {
        64,
        64},
   };
+  // Bottom-right causal: the diagonal moved right by Sk - Sq, or left (the first Sq - Sk rows
+  // see no key: output 0, lse -inf, no gradient), with a window, kv_stride and an element mask.
+  const auto lower_right = [](std::string name, Shape shape, int64_t kv_stride, int64_t left,
+                              ElementMask element) {
+    TcMaskCase t{std::move(name), shape};
+    t.kv_stride = kv_stride;
+    t.window_left = left;
+    t.element = element;
+    t.lower_right = true;
+    return t;
+  };
+  c.push_back(
+      lower_right("lower_right_sk_gt_sq", {2, 4, 2, 150, 300, 64, 64}, 1, -1, ElementMask::kNone));
+  c.push_back(lower_right("lower_right_sq_gt_sk_window_d128", {1, 2, 2, 200, 90, 128, 128}, 1, 50,
+                          ElementMask::kNone));
+  c.push_back(lower_right("lower_right_kv_stride3_bool", {1, 2, 2, 100, 260, 96, 96}, 3, -1,
+                          ElementMask::kBool));
   TcMaskCase no_workspace = c[5];
   no_workspace.name = "strided_l100_d128_elementwise";
   no_workspace.workspace = false;
   no_workspace.deterministic = true;  // the backward masks element by element too
   c.push_back(no_workspace);
-  for (const char* name : {"window_sq_gt_sk", "block_map_bool_causal", "fixed"}) {
+  for (const char* name :
+       {"window_sq_gt_sk", "block_map_bool_causal", "fixed", "lower_right_sq_gt_sk_window_d128"}) {
     for (const TcMaskCase& base : std::vector<TcMaskCase>(c)) {
       if (base.name != name) continue;
       TcMaskCase det = base;
@@ -226,6 +245,7 @@ void apply_options(const TcMaskCase& c, AttentionParams& p) {
   p.mask.pattern = c.pattern;
   p.mask.pattern_block = c.block;
   p.mask.pattern_summary = c.summary;
+  p.mask.causal_lower_right = c.lower_right;
 }
 
 void bind_host_masks(AttentionParams& p, const HostMasks& m) {
@@ -240,7 +260,8 @@ void bind_host_masks(AttentionParams& p, const HostMasks& m) {
 HostTensor rounded_forward(const Problem& pb) {
   const AttentionParams& p = pb.params;
   const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
-  const detail::MaskPolicy policy = detail::make_mask_policy(p.causal, p.mask);
+  const detail::MaskPolicy policy =
+      detail::for_sequence(detail::make_mask_policy(p.causal, p.mask), p.seqlen_q, p.seqlen_k);
   HostTensor out(pb.dtype, pb.out.size());
   std::vector<double> score(p.seqlen_k), bias(p.seqlen_k), accum(p.head_dim_v);
   std::vector<bool> seen(p.seqlen_k);
@@ -500,6 +521,37 @@ std::vector<TcMaskCase> hopper_window_cases() {
       {"window_zero", {1, 2, 2, 257, 257, 128, 128}, false, 1, 0, 0},
       {"window_causal_d96", {1, 2, 2, 300, 300, 96, 96}, true, 1, 64, -1},
       {"window_d192", {1, 2, 2, 300, 260, 192, 192}, false, 1, 50, 30},
+      // Bottom-right causal runs as the window's per-row key range.
+      {"lower_right_sk_gt_sq_d128",
+       {2, 4, 2, 150, 700, 128, 128},
+       false,
+       1,
+       -1,
+       -1,
+       SparsePattern::kNone,
+       0,
+       0,
+       ElementMask::kNone,
+       0,
+       0,
+       true,
+       false,
+       true},
+      {"lower_right_sq_gt_sk_d64",
+       {1, 2, 2, 400, 130, 64, 64},
+       false,
+       1,
+       60,
+       -1,
+       SparsePattern::kNone,
+       0,
+       0,
+       ElementMask::kNone,
+       0,
+       0,
+       true,
+       false,
+       true},
   };
 }
 
@@ -821,6 +873,7 @@ struct HopperVarlenCase {
   int64_t head_dim;
   bool causal;
   int64_t window_left = -1, window_right = -1;
+  bool lower_right = false;
 };
 
 std::vector<HopperVarlenCase> hopper_varlen_cases() {
@@ -834,6 +887,9 @@ std::vector<HopperVarlenCase> hopper_varlen_cases() {
       {"window_d128", mixed, mixed, 128, false, 90, 30},
       {"mixed_causal_d96", mixed, mixed, 96, true},
       {"cross_lengths_d192", mixed, other, 192, false},
+      // Each sequence's own bottom-right diagonal (Sk > Sq, Sq > Sk, either empty).
+      {"cross_lengths_lower_right_d128", mixed, other, 128, false, -1, -1, true},
+      {"cross_lengths_lower_right_window_d64", other, mixed, 64, false, 70, -1, true},
   };
 }
 
@@ -878,6 +934,7 @@ TEST_P(MaskHopperVarlen, EqualsOneDenseCallPerSequence) {
   p.causal = c.causal;
   p.mask.window_left = c.window_left;
   p.mask.window_right = c.window_right;
+  p.mask.causal_lower_right = c.lower_right;
   p.backend = Backend::kHopper;
   auto element = [&](const DeviceBuffer& buffer, int64_t offset) {
     return static_cast<void*>(static_cast<char*>(buffer.get()) + offset * dtype_size(dtype));

@@ -83,10 +83,13 @@ Status supports(const AttentionParams& p) {
   // A window's key range, a varlen sequence's first key row and a block map's columns are
   // kept-key positions only with kv_stride 1 (a varlen sequence may start at any row of the
   // packed k).
-  if ((m.has_window() || m.is_varlen() || m.has_block_map()) && p.kv_stride != 1) {
-    return unsupported(detail::concat(m.is_varlen()    ? "varlen"
-                                      : m.has_window() ? "a sliding window"
-                                                       : "a block map",
+  // Bottom-right causal runs as the window's per-row key range.
+  if ((m.has_window() || m.causal_lower_right || m.is_varlen() || m.has_block_map()) &&
+      p.kv_stride != 1) {
+    return unsupported(detail::concat(m.is_varlen()          ? "varlen"
+                                      : m.has_window()       ? "a sliding window"
+                                      : m.causal_lower_right ? "bottom-right causal"
+                                                             : "a block map",
                                       " with kv_stride ", p.kv_stride,
                                       " (it runs here with kv_stride 1)"));
   }

@@ -174,7 +174,7 @@ void launch_forward(const detail::ForwardKernelParams& p, cudaStream_t stream) {
       static_cast<int32_t>(p.heads_q),
       static_cast<int32_t>(p.group_size),
       p.causal,
-      p.has_policy,  // supports() takes a window (with kv_stride 1) and no pattern
+      p.has_policy,  // supports() takes a window or bottom-right causal (kv_stride 1), no pattern
       p.policy,
       p.cu_seqlens_q,
       p.cu_seqlens_k,

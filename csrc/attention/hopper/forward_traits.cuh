@@ -182,7 +182,8 @@ struct TileGeometry {
   int32_t heads_q;
   int32_t group_size;  // heads_q / heads_kv
   bool causal;
-  // A sliding window (mask_policy.h's visible_key_span, causal included in `policy`), with
+  // A sliding window or bottom-right causal (mask_policy.h's visible_key_span, causal included in
+  // `policy`), with
   // kv_stride 1 (supports()): a constant stride of 1 leaves no division in the kernel, whose
   // 64-bit form spilled registers next to the key loop's accumulators. Off, the int32 causal
   // arithmetic above is all that runs.
@@ -343,6 +344,11 @@ __device__ __forceinline__ TileGeometry sequence_geometry(const TileGeometry& ca
   TileGeometry g = call;
   g.seqlen_q = span.seqlen_q;
   g.kept_keys = span.kept_keys;
+  // Varlen's bottom-right causal: the sequence's own shift (kv_stride 1, supports(): its kept
+  // keys are its keys). A dense call's is set on the host.
+  if (call.cu_seqlens_q != nullptr && call.policy.lower_right) {
+    g.policy = detail::for_sequence(call.policy, span.seqlen_q, span.kept_keys);
+  }
   return g;
 }
 

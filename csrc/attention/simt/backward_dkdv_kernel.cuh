@@ -70,17 +70,12 @@ struct QueryRange {
 __device__ __forceinline__ QueryRange visible_queries(const detail::ForwardKernelParams& f,
                                                       int64_t n_begin, int keys) {
   if (keys <= 0) return {0, 0};
-  const int64_t first = n_begin * f.kv_stride, last = (n_begin + keys - 1) * f.kv_stride;
-  int64_t begin = 0, end = f.seqlen_q;
-  const bool causal = f.policy.causal || f.policy.pattern != SparsePattern::kNone;
-  if (causal && first > begin) begin = first;  // i >= j
-  if (f.policy.window_right >= 0 && first - f.policy.window_right > begin) {
-    begin = first - f.policy.window_right;  // j <= i + right
-  }
-  if (f.policy.window_left >= 0 && last + f.policy.window_left + 1 < end) {
-    end = last + f.policy.window_left + 1;  // j >= i - left
-  }
-  if (begin > end) begin = end;
+  // Both ends of a key's query span grow with the key: the first key's begin, the last's end.
+  const int64_t begin =
+      detail::visible_query_span(f.policy, n_begin, f.seqlen_q, f.kv_stride).begin;
+  int64_t end =
+      detail::visible_query_span(f.policy, n_begin + keys - 1, f.seqlen_q, f.kv_stride).end;
+  if (end < begin) end = begin;
   return {begin, end};
 }
 
@@ -147,7 +142,7 @@ __global__ void __launch_bounds__(
       if constexpr (kMasked) {
         // Uniform over the block: a query block that sees none of these keys costs nothing.
         const detail::BlockClass block_class =
-            classify_key_block(f, c.b, h, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
+            classify_key_block(f, f.policy, c.b, h, m_begin, rows, c.n_begin, kBlockN, f.kept_keys);
         if (block_class == detail::BlockClass::kSkip) continue;
         needs_mask = block_class != detail::BlockClass::kFull;
         if (needs_mask) {

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(
     bool needs_mask;
     if constexpr (kMasked) {
       const detail::BlockClass block_class =
-          classify_key_block(f, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+          classify_key_block(f, f.policy, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
       if (block_class == detail::BlockClass::kSkip) continue;  // uniform over the block
       needs_mask = block_class != detail::BlockClass::kFull;
       if (needs_mask) {

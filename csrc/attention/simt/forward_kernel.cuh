@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(
     if constexpr (kMasked) {
       // Uniform over the block: a key block nobody in it sees costs nothing.
       const detail::BlockClass block_class =
-          classify_key_block(p, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
+          classify_key_block(p, p.policy, c.b, c.h, c.m_begin, c.rows, n_begin, kBlockN, key_end);
       if (block_class == detail::BlockClass::kSkip) continue;
       mask_tile = block_class != detail::BlockClass::kFull;
       if (mask_tile) {
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(
       for (int j = 0; j < kTN; ++j) score[i][j] = 0;
     for (int dim_begin = 0; dim_begin < p.head_dim; dim_begin += kDimChunk) {
       __syncthreads();  // the previous chunk's readers are done with q_tile and k_tile
-      load_transposed<kBlockM, kDimChunk, Cfg::kStrideM, kThreads>(
-          &q_tile[0][0], q, p.q_row_stride, c.rows, dim_begin, p.head_dim);
+      load_transposed<kBlockM, kDimChunk, Cfg::kStrideM, kThreads>(&q_tile[0][0], q, p.q_row_stride,
+                                                                   c.rows, dim_begin, p.head_dim);
       load_transposed<kBlockN, kDimChunk, Cfg::kStrideN, kThreads>(
           &k_tile[0][0], k_block, p.k_row_stride, keys, dim_begin, p.head_dim);
       __syncthreads();

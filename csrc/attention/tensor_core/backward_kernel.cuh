@@ -173,7 +173,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
   const int64_t b = batch_head / p.heads_kv;
   const int64_t h_kv = batch_head % p.heads_kv;
   const int64_t n_begin = n_block * kBlockN;
-  SequenceExtent seq{0, 0, f.seqlen_q, f.kept_keys};
+  SequenceExtent seq{0, 0, f.seqlen_q, f.kept_keys, 0};
   if constexpr (kMasked) {
     seq = sequence_extent(f, b);
     if (n_begin >= seq.kept_keys) return;  // varlen: past the end of this sequence's keys
@@ -229,10 +229,11 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
   [[maybe_unused]] int query_lo[2] = {0, 0}, query_hi[2] = {0, 0};  // per lane key
   [[maybe_unused]] bool mask_tile_on = false;
   if constexpr (kMasked) {
+    const detail::MaskPolicy policy = sequence_policy(f, seq);
     const detail::Span first =
-        detail::visible_query_span(f.policy, n_begin, seq.seqlen_q, f.kv_stride);
+        detail::visible_query_span(policy, n_begin, seq.seqlen_q, f.kv_stride);
     const detail::Span last =
-        detail::visible_query_span(f.policy, n_begin + keys - 1, seq.seqlen_q, f.kv_stride);
+        detail::visible_query_span(policy, n_begin + keys - 1, seq.seqlen_q, f.kv_stride);
     m_first = first.begin / kBlockM;
     m_end = max((last.end + kBlockM - 1) / kBlockM, m_first);
     common_begin = last.begin;
@@ -241,7 +242,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
     for (int half = 0; half < 2; ++half) {
       if (lane_key[half] < seq.kept_keys) {
         const detail::Span span =
-            detail::visible_query_span(f.policy, lane_key[half], seq.seqlen_q, f.kv_stride);
+            detail::visible_query_span(policy, lane_key[half], seq.seqlen_q, f.kv_stride);
         query_lo[half] = static_cast<int>(span.begin);
         query_hi[half] = static_cast<int>(span.end);
       }
@@ -264,7 +265,7 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
   // The work of a step (masked kernels), and the next step at or after `step` that is not skipped.
   const auto step_work = [&](int64_t step) {
     const int64_t m_begin = step_begin(step);
-    return pair_work(f, mask_tile_on, b, step_head(step), m_begin,
+    return pair_work(f, sequence_policy(f, b), mask_tile_on, b, step_head(step), m_begin,
                      static_cast<int>(min(static_cast<int64_t>(kBlockM), seq.seqlen_q - m_begin)),
                      kBlockM, n_begin, kBlockN, seq.kept_keys, common_begin, common_end, 0,
                      seq.kept_keys);
@@ -316,8 +317,8 @@ __device__ __forceinline__ void dkdv_block(const detail::BackwardKernelParams& p
       next = next_step(step + 1, next_work);
       // The previous step's readers of the mask tile passed the barrier after its products.
       if (work == KeyBlockWork::kMaskTile) {
-        fill_pair_mask<kBlockM, kBlockN, 1, kPitch, kThreads>(smem.mask, f, b, h, m_begin, rows,
-                                                              n_begin, seq.kept_keys);
+        fill_pair_mask<kBlockM, kBlockN, 1, kPitch, kThreads>(
+            smem.mask, f, sequence_policy(f, b), b, h, m_begin, rows, n_begin, seq.kept_keys);
       }
     }
     // This step's tiles (and K, V) have landed for every thread, and every warp is done with
@@ -516,10 +517,12 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
   const int64_t h = batch_head % f.heads_q;
   const int64_t h_kv = h / f.group_size;
   const int64_t m_begin = m_block * kBlockM;
-  SequenceExtent seq{0, 0, f.seqlen_q, f.kept_keys};
+  SequenceExtent seq{0, 0, f.seqlen_q, f.kept_keys, 0};
+  [[maybe_unused]] detail::MaskPolicy policy = f.policy;
   if constexpr (kMasked) {
     seq = sequence_extent(f, b);
     if (m_begin >= seq.seqlen_q) return;  // varlen: past the end of this sequence
+    policy = sequence_policy(f, seq);
   }
   const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), seq.seqlen_q - m_begin));
   // Keys of the block's rows: unmasked [0, key_end) by causal; masked the union of the rows'
@@ -530,9 +533,9 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
   [[maybe_unused]] bool mask_tile_on = false;
   if constexpr (kMasked) {
     const detail::Span first =
-        detail::visible_key_span(f.policy, m_begin, seq.kept_keys, f.kv_stride);
+        detail::visible_key_span(policy, m_begin, seq.kept_keys, f.kv_stride);
     const detail::Span last =
-        detail::visible_key_span(f.policy, m_begin + rows - 1, seq.kept_keys, f.kv_stride);
+        detail::visible_key_span(policy, m_begin + rows - 1, seq.kept_keys, f.kv_stride);
     key_begin = first.begin;
     key_end = max(last.end, first.begin);
     common_begin = last.begin;
@@ -585,7 +588,7 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
     delta[half] = real ? static_cast<const float*>(p.delta)[stats] : 0.f;
     if constexpr (kMasked) {
       const detail::Span span =
-          detail::visible_key_span(f.policy, m_begin + row, seq.kept_keys, f.kv_stride);
+          detail::visible_key_span(policy, m_begin + row, seq.kept_keys, f.kv_stride);
       key_lo[half] = span.begin;
       key_hi[half] = span.end;
       key_gap[half] = 0;
@@ -602,8 +605,8 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
     KeyBlockWork work = KeyBlockWork::kNone;
     if constexpr (kMasked) {
       // Uniform over the block: a key block none of the rows sees costs nothing.
-      work = pair_work(f, mask_tile_on, b, h, m_begin, rows, kBlockM, n_begin, kBlockN,
-                       seq.kept_keys, 0, seq.seqlen_q, common_begin, common_end);
+      work = pair_work(f, sequence_policy(f, b), mask_tile_on, b, h, m_begin, rows, kBlockM,
+                       n_begin, kBlockN, seq.kept_keys, 0, seq.seqlen_q, common_begin, common_end);
       if (work == KeyBlockWork::kSkip) continue;
     }
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), key_end - n_begin));
@@ -615,8 +618,8 @@ __device__ __forceinline__ void dq_block(const detail::BackwardKernelParams& p) 
     cp_async_commit();
     if constexpr (kMasked) {
       if (work == KeyBlockWork::kMaskTile) {
-        fill_pair_mask<kBlockM, kBlockN, kPitch, 1, kThreads>(smem.mask, f, b, h, m_begin, rows,
-                                                              n_begin, seq.kept_keys);
+        fill_pair_mask<kBlockM, kBlockN, kPitch, 1, kThreads>(
+            smem.mask, f, sequence_policy(f, b), b, h, m_begin, rows, n_begin, seq.kept_keys);
       }
     }
     cp_async_wait<0>();

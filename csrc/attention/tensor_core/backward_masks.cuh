@@ -18,15 +18,13 @@ namespace samattn::tensor_core {
 // with a mask tile, the shared classification; otherwise partial unless the queries lie in
 // [query_begin, query_end) and the keys in [key_begin, key_end), the rectangle every pair of
 // which is visible by causal and the window (empty ranges make every pair partial).
-__device__ __forceinline__ KeyBlockWork pair_work(const detail::ForwardKernelParams& f,
-                                                  bool mask_tile, int64_t b, int64_t h,
-                                                  int64_t m_begin, int rows, int block_m,
-                                                  int64_t n_begin, int block_n, int64_t kept_keys,
-                                                  int64_t query_begin, int64_t query_end,
-                                                  int64_t key_begin, int64_t key_end) {
+__device__ __forceinline__ KeyBlockWork pair_work(
+    const detail::ForwardKernelParams& f, const detail::MaskPolicy& policy, bool mask_tile,
+    int64_t b, int64_t h, int64_t m_begin, int rows, int block_m, int64_t n_begin, int block_n,
+    int64_t kept_keys, int64_t query_begin, int64_t query_end, int64_t key_begin, int64_t key_end) {
   if (mask_tile) {
     const detail::BlockClass c =
-        simt::classify_key_block(f, b, h, m_begin, rows, n_begin, block_n, kept_keys);
+        simt::classify_key_block(f, policy, b, h, m_begin, rows, n_begin, block_n, kept_keys);
     if (c == detail::BlockClass::kSkip) return KeyBlockWork::kSkip;
     return c == detail::BlockClass::kFull ? KeyBlockWork::kNone : KeyBlockWork::kMaskTile;
   }
@@ -41,16 +39,17 @@ __device__ __forceinline__ KeyBlockWork pair_work(const detail::ForwardKernelPar
 // reads of a row-major mask tensor coalesce.
 template <int kBlockM, int kBlockN, int kQueryStride, int kKeyStride, int kThreads>
 __device__ __forceinline__ void fill_pair_mask(float* tile, const detail::ForwardKernelParams& f,
-                                               int64_t b, int64_t h, int64_t m_begin, int rows,
+                                               const detail::MaskPolicy& policy, int64_t b,
+                                               int64_t h, int64_t m_begin, int rows,
                                                int64_t n_begin, int64_t kept_keys) {
 #pragma unroll 1
   for (int e = threadIdx.x; e < kBlockM * kBlockN; e += kThreads) {
     const int query = e / kBlockN;
     const int key = e % kBlockN;
     tile[query * kQueryStride + key * kKeyStride] =
-        query < rows
-            ? simt::masked_score<float>(f, b, h, m_begin + query, n_begin + key, kept_keys, 0.f)
-            : -INFINITY;
+        query < rows ? simt::masked_score<float>(f, policy, b, h, m_begin + query, n_begin + key,
+                                                 kept_keys, 0.f)
+                     : -INFINITY;
   }
 }
 

@@ -34,6 +34,7 @@ namespace samattn::tensor_core {
 struct SequenceExtent {
   int64_t q_row0, k_row0;
   int64_t seqlen_q, kept_keys;
+  int64_t seqlen_k;  // physical key rows (varlen only: dense calls' policy is set on the host)
 };
 
 __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
@@ -42,13 +43,32 @@ __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
 
 __device__ __forceinline__ SequenceExtent sequence_extent(const detail::ForwardKernelParams& p,
                                                           int64_t b) {
-  if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.kept_keys};
+  if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.kept_keys, 0};
   const int64_t q0 = clamp64(p.cu_seqlens_q[b], 0, p.total_q);
   const int64_t q1 = clamp64(p.cu_seqlens_q[b + 1], q0, p.total_q);
   const int64_t k0 = clamp64(p.cu_seqlens_k[b], 0, p.total_k);
   const int64_t k1 = clamp64(p.cu_seqlens_k[b + 1], k0, p.total_k);
   const int64_t keys = (k1 - k0 + p.kv_stride - 1) / p.kv_stride;
-  return {q0, k0, min(q1 - q0, p.seqlen_q), min(keys, p.kept_keys)};
+  return {q0, k0, min(q1 - q0, p.seqlen_q), min(keys, p.kept_keys), k1 - k0};
+}
+
+// The mask policy of sequence `seq`: the call's, with a varlen sequence's own bottom-right
+// causal shift (for dense calls the host set it from the call's lengths).
+__device__ __forceinline__ detail::MaskPolicy sequence_policy(const detail::ForwardKernelParams& p,
+                                                              const SequenceExtent& seq) {
+  return p.cu_seqlens_q != nullptr && p.policy.lower_right
+             ? detail::for_sequence(p.policy, seq.seqlen_q, seq.seqlen_k)
+             : p.policy;
+}
+
+// The same for batch entry b, read again from cu_seqlens: what a key loop calls where it needs
+// the policy, rather than keep the shift in registers next to its accumulators (kept, it cost
+// the backward's masked dK/dV kernel 8-16 more bytes of spills at head dim 128).
+__device__ __forceinline__ detail::MaskPolicy sequence_policy(const detail::ForwardKernelParams& p,
+                                                              int64_t b) {
+  return p.cu_seqlens_q != nullptr && p.policy.lower_right
+             ? sequence_policy(p, sequence_extent(p, b))
+             : p.policy;
 }
 
 // What a key block needs, decided uniformly for the thread block: nothing (skipped), no masking,
@@ -79,9 +99,9 @@ struct KeyBlockClass {
 // some row's key range does not cover it ([common_begin, common_end) is the keys every row of the
 // query block sees).
 __device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelParams& p,
-                                                  bool by_policy, int64_t b, int64_t h,
-                                                  int64_t m_begin, int rows, int64_t n_begin,
-                                                  int block_n, int64_t key_end,
+                                                  const detail::MaskPolicy& policy, bool by_policy,
+                                                  int64_t b, int64_t h, int64_t m_begin, int rows,
+                                                  int64_t n_begin, int block_n, int64_t key_end,
                                                   int64_t common_begin, int64_t common_end) {
   if (!by_policy) {
     const bool covered = n_begin >= common_begin && n_begin + block_n <= common_end;
@@ -90,7 +110,7 @@ __device__ __forceinline__ KeyBlockClass classify(const detail::ForwardKernelPar
   const int64_t n_last = min(n_begin + block_n, key_end) - 1;
   if (n_last < n_begin) return {false, false, false};
   const detail::BlockClass structure = detail::classify_block(
-      p.policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
+      policy, m_begin, m_begin + rows, n_begin * p.kv_stride, n_last * p.kv_stride + 1);
   if (structure == detail::BlockClass::kSkip) return {false, false, false};
   detail::BlockClass map = detail::BlockClass::kFull;
   if (p.block_map != nullptr) {
@@ -179,15 +199,17 @@ __device__ __forceinline__ void mask_fixed_pattern(float (&s)[kMTiles][kNTiles][
 // consecutive threads take consecutive keys (coalesced mask reads, conflict-free stores).
 template <int kBlockM, int kBlockN, int kPitch, int kThreads>
 __device__ __forceinline__ void fill_mask_tile(float* tile, const detail::ForwardKernelParams& p,
-                                               int64_t b, int64_t h, int64_t m_begin, int rows,
+                                               const detail::MaskPolicy& policy, int64_t b,
+                                               int64_t h, int64_t m_begin, int rows,
                                                int64_t n_begin, int64_t key_end) {
 #pragma unroll 1
   for (int e = threadIdx.x; e < kBlockM * kBlockN; e += kThreads) {
     const int row = e / kBlockN;
     const int key = e % kBlockN;
     tile[row * kPitch + key] =
-        row < rows ? simt::masked_score<float>(p, b, h, m_begin + row, n_begin + key, key_end, 0.f)
-                   : -INFINITY;
+        row < rows
+            ? simt::masked_score<float>(p, policy, b, h, m_begin + row, n_begin + key, key_end, 0.f)
+            : -INFINITY;
   }
 }
 
@@ -231,13 +253,14 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
   const SequenceExtent seq = sequence_extent(p, b);
   if (m_begin >= seq.seqlen_q) return;  // varlen: the whole block is past its sequence's end
   const int rows = static_cast<int>(min(static_cast<int64_t>(kBlockM), seq.seqlen_q - m_begin));
+  const detail::MaskPolicy policy = sequence_policy(p, seq);
 
   // Keys the block's rows can see (first row's begin to last row's end), and the keys all of them
   // see (last row's begin to first row's end): both ends of a row's range grow with the row.
   const detail::Span first_span =
-      detail::visible_key_span(p.policy, m_begin, seq.kept_keys, p.kv_stride);
+      detail::visible_key_span(policy, m_begin, seq.kept_keys, p.kv_stride);
   const detail::Span last_span =
-      detail::visible_key_span(p.policy, m_begin + rows - 1, seq.kept_keys, p.kv_stride);
+      detail::visible_key_span(policy, m_begin + rows - 1, seq.kept_keys, p.kv_stride);
   const int key_begin = static_cast<int>(first_span.begin);
   const int key_end = static_cast<int>(max(last_span.end, first_span.begin));
   const int common_begin = static_cast<int>(last_span.begin);
@@ -278,8 +301,8 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
         const int mine = n_block - lane;
         const KeyBlockClass c =
             mine >= first_block
-                ? classify(p, detail::needs_mask_tile(p), b, h, m_begin, rows, mine * kBlockN,
-                           kBlockN, key_end, common_begin, common_end)
+                ? classify(p, policy, detail::needs_mask_tile(p), b, h, m_begin, rows,
+                           mine * kBlockN, kBlockN, key_end, common_begin, common_end)
                 : KeyBlockClass{false, false, false};
         top = n_block;
         live = __ballot_sync(0xffffffffu, c.live);
@@ -341,7 +364,7 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const detail::Span span = detail::visible_key_span(
-        p.policy, m_begin + warp_row0 + 8 * r + lane / 4, seq.kept_keys, p.kv_stride);
+        policy, m_begin + warp_row0 + 8 * r + lane / 4, seq.kept_keys, p.kv_stride);
     const int64_t lo = clamp64(span.begin - key_begin, 0, 0xffff);
     const int64_t gap = clamp64(key_end - span.end, 0, 0xffff);
     key_limits[r] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(gap) << 16);
@@ -367,8 +390,8 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
     const int next = next_block(n_block - 1, next_work);
     // The previous block's readers of the mask tile passed the barrier before its P V.
     if (work == KeyBlockWork::kMaskTile) {
-      fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, b, h, m_begin, rows, n_begin,
-                                                         key_end);
+      fill_mask_tile<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, p, policy, b, h, m_begin, rows,
+                                                         n_begin, key_end);
     } else if (work == KeyBlockWork::kFixedPattern) {
       record_summary_columns<kBlockN>(window, p, n_begin, lane);
     }

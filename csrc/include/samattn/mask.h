@@ -45,6 +45,14 @@ struct MaskOptions {
   int64_t window_left = -1;
   int64_t window_right = -1;
 
+  // Bottom-right causal: query i sees keys j <= i + seqlen_k - seqlen_q, under varlen with each
+  // sequence's own lengths, so that the last query sees every key (new queries against a KV
+  // cache, chunked prefill: torch's causal_lower_right, FlashAttention-2's causal=True).
+  // AttentionParams::causal is the top-left form; at most one of the two is set. With seqlen_q >
+  // seqlen_k the first seqlen_q - seqlen_k rows see no key (output 0, lse -inf). Positions are
+  // physical, as for causal (kv_stride keeps positions 0, s, 2s, ...). Not with a pattern.
+  bool causal_lower_right = false;
+
   SparsePattern pattern = SparsePattern::kNone;
   int64_t pattern_block = 0;    // l: the stride (kStrided) or block length (kFixed), >= 1
   int64_t pattern_summary = 0;  // c: summary columns per block (kFixed), 1 <= c <= l
@@ -73,7 +81,7 @@ struct MaskOptions {
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
   // True when a key's visibility depends on anything but causal and kv_stride.
   bool any() const {
-    return has_element_mask() || has_block_map() || has_window() ||
+    return has_element_mask() || has_block_map() || has_window() || causal_lower_right ||
            pattern != SparsePattern::kNone || is_varlen();
   }
 };
