@@ -58,7 +58,7 @@ def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, caus
 @torch.library.register_fake("samattn::varlen_attention_forward")
 def _varlen_forward_fake(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, scale=None, causal=False, window_left=-1, window_right=-1,
-                         return_lse=False, backend="auto"):
+                         return_lse=False, backend="auto", causal_lower_right=False):
     total_q, heads, _ = query.shape
     out = query.new_empty((total_q, heads, value.shape[-1]))
     lse_shape = (heads, total_q) if return_lse else (0,)
@@ -68,5 +68,5 @@ def _varlen_forward_fake(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seql
 @torch.library.register_fake("samattn::varlen_attention_backward")
 def _varlen_backward_fake(dout, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k,
                           max_seqlen_q, max_seqlen_k, scale=None, causal=False, window_left=-1,
-                          window_right=-1):
+                          window_right=-1, causal_lower_right=False):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)

@@ -27,6 +27,16 @@ def _window_pair(window: Optional[Tuple[int, int]]) -> Tuple[int, int]:
 _CAUSAL_NAMES = ("upper_left", "lower_right")
 
 
+def _causal_is_lower_right(causal) -> bool:
+    """Whether a causal argument (a bool, "upper_left" or "lower_right") is bottom-right."""
+    if isinstance(causal, str):
+        if causal not in _CAUSAL_NAMES:
+            raise ValueError(f"samattn: causal must be a bool, 'upper_left' or 'lower_right', "
+                             f"got {causal!r}")
+        return causal == "lower_right"
+    return False
+
+
 class _CausalPlan:
     """How a call's causal option runs on the kernels' top-left causal and window: lower-right
     causal (torch's CausalVariant.LOWER_RIGHT, FlashAttention-2's causal=True) sees keys
@@ -36,13 +46,7 @@ class _CausalPlan:
     trailing rows, with a window's left edge moved by the rows skipped."""
 
     def __init__(self, causal, seqlen_q: int, seqlen_k: int, left: int, right: int):
-        if isinstance(causal, str):
-            if causal not in _CAUSAL_NAMES:
-                raise ValueError(f"samattn: causal must be a bool, 'upper_left' or 'lower_right', "
-                                 f"got {causal!r}")
-            lower_right = causal == "lower_right"
-        else:
-            lower_right = False
+        lower_right = _causal_is_lower_right(causal)
         self.causal = bool(causal)
         self.seqlen_q = seqlen_q
         self.left, self.right = left, right
@@ -228,7 +232,7 @@ def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                      cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
-                     causal: bool = False, scale: Optional[float] = None,
+                     causal: Union[bool, str] = False, scale: Optional[float] = None,
                      window: Optional[Tuple[int, int]] = None, return_lse: bool = False,
                      backend: str = "auto") -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a batch of sequences of different lengths, packed (FlashAttention-2's
@@ -238,9 +242,13 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     contiguous. cu_seqlens_q / cu_seqlens_k: int32, on the inputs' device, B + 1 non-decreasing
     entries starting at 0 and ending at total_q / total_k: sequence b is rows
     [cu_seqlens[b], cu_seqlens[b + 1]). Zero-length sequences are allowed. max_seqlen_q/k bound
-    the lengths. causal and window count positions from each sequence's start (causal is
-    top-left aligned, like samattn.attention). Returns out (total_q, Hq, Dv) and, with
-    return_lse, lse (Hq, total_q). Differentiable with respect to q, k and v.
+    the lengths. causal and window count positions from each sequence's start. causal: True or
+    "upper_left" is top-left aligned (query i sees keys j <= i, as in samattn.attention);
+    "lower_right" is bottom-right aligned per sequence (query i sees keys j <= i + Sk - Sq with
+    that sequence's lengths: FlashAttention-2's varlen causal=True, for chunked prefill against
+    each sequence's cache; a sequence with Sq > Sk has its first Sq - Sk rows see no key, output
+    0 and lse -inf). Returns out (total_q, Hq, Dv) and, with return_lse, lse (Hq, total_q).
+    Differentiable with respect to q, k and v.
 
     One launch per kernel on the tensor cores (float16/bfloat16): the kernels read cu_seqlens on
     the device, and CUDA cu_seqlens are not read back (no synchronisation; as in FlashAttention-2
@@ -256,9 +264,10 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False)))
     left, right = _window_pair(window)
+    lower_right = _causal_is_lower_right(causal)
     out, lse = ops.varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                            max_seqlen_k, scale, causal, left, right, needs_lse,
-                                            backend)
+                                            max_seqlen_k, scale, bool(causal) and not lower_right,
+                                            left, right, needs_lse, backend, lower_right)
     return (out, lse) if return_lse else out
 
 

@@ -373,6 +373,11 @@ VARLEN_CASES = {
     "cross_lengths": ([3, 6, 2], [8, 1, 5], {}),
     "zero_lengths": ([0, 4, 0, 3], [2, 4, 0, 0], {}),
     "window": ([11, 4], [11, 4], dict(window=(2, 1))),
+    # Bottom-right causal per sequence: Sk > Sq, Sk == Sq, Sq > Sk (leading rows see no key),
+    # Sk == 0, Sq == 0; the dense calls it is compared with run samattn.attention's own mapping
+    # of "lower_right" (a window, or causal on trailing rows).
+    "lower_right": ([3, 6, 5, 2, 0], [8, 6, 2, 0, 3], dict(causal="lower_right")),
+    "lower_right_window": ([9, 4, 7], [12, 2, 7], dict(causal="lower_right", window=(3, -1))),
 }
 
 
@@ -413,6 +418,25 @@ def test_varlen_gradcheck():
         (q, k, v))
 
 
+def test_varlen_lower_right_gradcheck():
+    q, k, v, cu_q, cu_k = make_varlen([2, 4, 3], [5, 4, 1])
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: samattn.varlen_attention(q, k, v, cu_q, cu_k, 4, 5, causal="lower_right"),
+        (q, k, v))
+
+
+def test_varlen_lower_right_differs_from_top_left_where_lengths_differ():
+    # The option reaches the kernels: sequence 0 (Sq 2, Sk 5) sees 3 more keys per row.
+    q, k, v, cu_q, cu_k = make_varlen([2, 3], [5, 3])
+    lower = samattn.varlen_attention(q, k, v, cu_q, cu_k, 3, 5, causal="lower_right")
+    upper = samattn.varlen_attention(q, k, v, cu_q, cu_k, 3, 5, causal=True)
+    assert not torch.allclose(lower[:2], upper[:2])
+    assert torch.equal(lower[2:], upper[2:])  # Sq == Sk: the two alignments agree
+    with pytest.raises(ValueError, match="causal must be a bool, 'upper_left' or 'lower_right'"):
+        samattn.varlen_attention(q, k, v, cu_q, cu_k, 3, 5, causal="bottom")
+
+
 def test_varlen_validation():
     q, k, v, cu_q, cu_k = make_varlen([3, 4], [3, 4])
     with pytest.raises(TypeError, match="cu_seqlens_q must be int32"):
@@ -450,11 +474,15 @@ def structure_of(options, seqlen_q, seqlen_k):
     follows the same definitions as dense_visibility) plus kv_stride."""
     rows = torch.arange(seqlen_q)[:, None]
     cols = torch.arange(seqlen_k)[None, :]
+    causal = options.get("causal", False)
+    lower_right = causal == "lower_right"
     visible = samattn.block_sparse.pattern_visibility(
-        rows, cols, causal=options.get("causal", False), window=options.get("window"),
+        rows, cols, causal=bool(causal) and not lower_right, window=options.get("window"),
         sparse_pattern=options.get("sparse_pattern", "none"),
         sparse_block=options.get("sparse_block", 0),
         sparse_summary=options.get("sparse_summary", 0))
+    if lower_right:  # written out from the definition: j <= i + Sk - Sq
+        visible = visible & (cols <= rows + seqlen_k - seqlen_q)
     return visible & (cols % options.get("kv_stride", 1) == 0)
 
 
@@ -763,9 +791,11 @@ def test_gpu_varlen(name, dtype):
     # sides, as in FlashAttention's backward).
     cpu = [t.detach().double().cpu() for t in (dout, q, k, v, out)]
     window = options.get("window", (-1, -1))
+    causal = options.get("causal", False)
+    lower_right = causal == "lower_right"
     want_grads = samattn.ops.varlen_attention_backward(
         *cpu, want_lse, cu_q.cpu(), cu_k.cpu(), max(lengths_q), max(lengths_k), None,
-        options.get("causal", False), window[0], window[1])
+        bool(causal) and not lower_right, window[0], window[1], lower_right)
     if not half:
         for got, ref in zip(grads, want_grads):
             assert_close(got, ref, dtype, scale_floor=1.0)
