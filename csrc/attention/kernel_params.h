@@ -71,6 +71,9 @@ struct ForwardKernelParams {
   const float* prior_out;
   const float* prior_lse;
   int64_t prior_rows_begin;
+  // Dense batches only: > 0, the kept keys of the last batch entry (the split-key forward's
+  // shorter last chunk, in the same launch as the others, attention/key_split.h); 0: kept_keys.
+  int64_t last_batch_kept_keys;
 
   // Read by the Hopper forward only (0 elsewhere): with staircase_keys > 0, a causal call's
   // query i sees the logical keys n < (i / staircase_rows) * staircase_keys instead of those with

@@ -81,10 +81,10 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
   const int64_t key_blocks = ceil_div(keys, tile.block_n);
   int64_t chunks = std::min(p.num_splits, key_blocks);
   if (p.num_splits == 0) {
-    // Enough chunks for one launch's query blocks to fill every SM's resident blocks once (the
-    // launches of batch entries whose heads do not merge run one after the other).
-    const int64_t batches = chunk_heads_merge(p) ? p.batch : 1;
-    const int64_t query_blocks = batches * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
+    // Only where one launch runs every chunk: launches run one after the other.
+    if (p.mask.window_right >= 0 || (p.batch > 1 && !chunk_heads_merge(p))) return none;
+    // Enough chunks for the launch's query blocks to fill every SM's resident blocks once.
+    const int64_t query_blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
     const int64_t resident = int64_t{multiprocessors} * tile.blocks_per_sm;
     chunks = std::min({ceil_div(resident, query_blocks), key_blocks / kMinChunkBlocks, kMaxChunks});
   }
@@ -149,15 +149,22 @@ std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeyS
   const int64_t dim_v = p.head_dim_v;
   const int64_t chunk_rows = split.chunk_keys * p.kv_stride;      // physical k/v rows per chunk
   const int64_t per_launch = chunk_heads_merge(p) ? p.batch : 1;  // batch entries per launch
-  // The full chunks, then the tail: (first chunk, chunks, physical rows of each).
-  const struct {
-    int64_t first, count, seqlen_k;
-  } pieces[] = {{0, split.full_chunks, chunk_rows},
-                {split.full_chunks, split.tail_keys > 0 ? 1 : 0,
-                 p.seqlen_k - split.full_chunks * chunk_rows}};
+  const int64_t tail_rows = p.seqlen_k - split.full_chunks * chunk_rows;
+  const int64_t tail_count = split.tail_keys > 0 ? 1 : 0;
+  // (first chunk, chunks, physical rows of each, of the last): without a window one launch, the
+  // tail its last batch entry; with one the full chunks, then the tail, which keeps the window.
+  struct Piece {
+    int64_t first, count, seqlen_k, last_seqlen_k;
+  };
+  const bool window = p.mask.window_right >= 0;
+  const std::vector<Piece> pieces =
+      window ? std::vector<Piece>{{0, split.full_chunks, chunk_rows, 0},
+                                  {split.full_chunks, tail_count, tail_rows, 0}}
+             : std::vector<Piece>{
+                   {0, split.full_chunks + tail_count, chunk_rows, tail_count ? tail_rows : 0}};
   std::vector<SplitLaunch> launches;
   for (int64_t b0 = 0; b0 < p.batch; b0 += per_launch) {
-    for (const auto& piece : pieces) {
+    for (const Piece& piece : pieces) {
       if (piece.count == 0) continue;
       AttentionParams view = p;
       view.batch = piece.count;
@@ -197,7 +204,7 @@ std::vector<SplitLaunch> key_split_launches(const AttentionParams& p, const KeyS
       view.out = workspace.out + row_offset * dim_v;
       view.out_strides = {rows * dim_v, p.seqlen_q * dim_v, dim_v};
       view.lse = workspace.lse + row_offset;
-      launches.push_back({view, rows, p.seqlen_q});
+      launches.push_back({view, rows, p.seqlen_q, piece.last_seqlen_k});
     }
   }
   return launches;
@@ -214,6 +221,7 @@ void key_split_forward(const AttentionParams& params, const KeySplit& split, cud
     kernel.out_is_float = true;
     kernel.lse_batch_stride = launch.lse_batch_stride;
     kernel.lse_head_stride = launch.lse_head_stride;
+    kernel.last_batch_kept_keys = ceil_div(launch.last_chunk_seqlen_k, p.kv_stride);
     tensor_core::dispatch_forward(p.dtype, kernel, stream);
   }
   merge_key_split(p, split, workspace, stream);

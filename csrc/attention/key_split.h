@@ -10,7 +10,8 @@
 // The chunks are views the tensor-core kernels already take: the chunk is their batch index
 // (q's batch stride 0, k's and v's one chunk of rows), the (batch, head) pairs their heads when
 // the strides merge them (else one launch per batch entry); the last chunk, of other length, runs
-// as a second launch. A window with only a right edge r (query i sees positions j <= i + r:
+// in the same launch (the kernel's last batch entry has fewer keys), or, with a window, as a
+// second launch. A window with only a right edge r (query i sees positions j <= i + r:
 // bottom-right causal, samattn's causal="lower_right", new tokens against a KV cache) splits
 // too: the full chunks end where every query sees all their keys (their last position <= r), so
 // only the last chunk keeps the window, moved to its start. An element mask splits with the keys
@@ -67,8 +68,11 @@ bool chunk_heads_merge(const AttentionParams& params);
 // The split of `params` (validated) for a device with `multiprocessors` SMs running blocks of
 // `tile`, or parts() == 0 when the call does not split: num_splits 1, a dtype other than
 // float16/bfloat16, causal or a mask option splittable_mask() rejects, or (num_splits
-// 0) when the query blocks already fill the device or the keys are too few to share out; also
-// when a right edge leaves no whole chunk every query sees. Pure: no device query.
+// 0) when the query blocks already fill the device or the keys are too few to share out, or when
+// the split would take more than one launch (a right edge, or batch entries whose heads do not
+// merge: launched one after the other, they were slower than no split on an H200, see
+// benchmarks/NOTES.md, stop 51); also when a right edge leaves no whole chunk every query sees.
+// Pure: no device query.
 KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, SplitTile tile);
 
 // The split attention_forward runs for `params` on the current device with the tensor-core
@@ -89,6 +93,9 @@ PriorPart carve_split_workspace(void* base, const AttentionParams& params, const
 struct SplitLaunch {
   AttentionParams view;
   int64_t lse_batch_stride, lse_head_stride;
+  // > 0: the view's last chunk (batch entry) has only this many physical key rows (the tail,
+  // run in the same launch as the full chunks); 0: view.seqlen_k like the others.
+  int64_t last_chunk_seqlen_k = 0;
 };
 
 // Every launch of the split's chunks, in order, writing into `workspace`.

@@ -93,16 +93,21 @@ TEST(KeySplit, AutomaticChunksFillTheResidentBlocks) {
   EXPECT_EQ(split.tail_keys, 512);
 }
 
-TEST(KeySplit, AutomaticChunksFillEachLaunch) {
-  // (B, S, H, D) caches: the (batch, head) pairs do not merge, each batch entry is a launch of
-  // 8 query blocks, so each gets ceil(264 / 8) = 33 chunks, as a single entry would.
+TEST(KeySplit, AutomaticDeclinesWhereEachBatchEntryIsALaunch) {
+  // (B, S, H, D) caches: the (batch, head) pairs do not merge, so each batch entry is a launch,
+  // and launches run one after the other: slower than no split on an H200 (stop 51), so the
+  // automatic choice declines. An explicit count still splits, every launch with the chunks a
+  // single entry gets.
   AttentionParams p = decode_params(4, 8, 1, 8192, 0);
   p.k_strides = p.v_strides = {8192 * 8 * 128, 128, 8 * 128};
   p.q_strides = {8 * 128, 128, 8 * 128};
-  const KeySplit split = plan_key_split(p, kMultiprocessors, kTile);
-  EXPECT_EQ(split.parts(),
-            plan_key_split(decode_params(1, 8, 1, 8192, 0), kMultiprocessors, kTile).parts());
-  EXPECT_EQ(split.chunk_keys, 4 * kTile.block_n);  // ceil(128 / 33) = 4 blocks
+  EXPECT_EQ(plan_key_split(p, kMultiprocessors, kTile).parts(), 0);
+  p.num_splits = 6;
+  EXPECT_EQ(plan_key_split(p, kMultiprocessors, kTile).parts(),
+            plan_key_split(decode_params(1, 8, 1, 8192, 6), kMultiprocessors, kTile).parts());
+  p.batch = 1;
+  p.num_splits = 0;
+  EXPECT_GT(plan_key_split(p, kMultiprocessors, kTile).parts(), 0) << "one entry, one launch";
 }
 
 TEST(KeySplit, PlanDeclines) {
@@ -131,10 +136,12 @@ TEST(KeySplit, PlanDeclines) {
   p.mask.block_map = reinterpret_cast<const uint8_t*>(&zero);
   EXPECT_EQ(parts(p), 0) << "a block map's columns are blocks of another size";
   p = base;
+  p.mask.window_right = 8191 - 4;  // bottom-right causal with 5 new queries
+  EXPECT_EQ(parts(p), 0) << "automatic: a right edge takes a second launch (its last chunk)";
+  p.num_splits = 8;
+  EXPECT_GT(parts(p), 0) << "a right edge past whole chunks splits";
   p.mask.window_right = 100;
   EXPECT_EQ(parts(p), 0) << "a right edge before the first chunk's end leaves no full chunk";
-  p.mask.window_right = 8191 - 4;  // bottom-right causal with 5 new queries
-  EXPECT_GT(parts(p), 0) << "a right edge past whole chunks splits";
   // Enough query blocks to fill the device: 264 resident blocks.
   EXPECT_EQ(parts(decode_params(33, 8, 1, 8192, 0)), 0);
   EXPECT_GT(parts(decode_params(33, 8, 1, 8192, 4)), 0) << "an explicit count still splits";
@@ -274,15 +281,28 @@ void check_split_equals_whole(const SplitCase& c) {
   std::fill(ws.out, ws.out + split.parts() * rows * p.head_dim_v, NAN);
   std::fill(ws.lse, ws.lse + split.parts() * rows, NAN);
 
-  int64_t chunks_run = 0;
-  for (const detail::SplitLaunch& launch : detail::key_split_launches(p, split, ws)) {
+  // The launch's batch entries [first, first + count), each with seqlen_k keys, through the
+  // reference; lse goes where the kernel would write it.
+  const auto run_entries = [](const detail::SplitLaunch& launch, int64_t first, int64_t count,
+                              int64_t seqlen_k) {
     AttentionParams view = launch.view;
+    const int element_bytes = dtype_size(view.dtype);
+    view.batch = count;
+    view.seqlen_k = seqlen_k;
+    view.k = static_cast<const char*>(view.k) + first * view.k_strides.batch * element_bytes;
+    view.v = static_cast<const char*>(view.v) + first * view.v_strides.batch * element_bytes;
+    view.out = static_cast<float*>(view.out) + first * view.out_strides.batch;
+    if (view.mask.has_element_mask()) {  // attach_mask's masks: bool or float32
+      const int64_t mask_bytes = view.mask.dtype == MaskDType::kBool ? 1 : sizeof(float);
+      view.mask.data =
+          static_cast<const char*>(view.mask.data) + first * view.mask.batch_stride * mask_bytes;
+    }
     const int64_t heads = view.heads_q, seq = view.seqlen_q;
-    std::vector<float> lse(view.batch * heads * seq);
-    float* lse_at = static_cast<float*>(view.lse);
+    std::vector<float> lse(count * heads * seq);
+    float* lse_at = static_cast<float*>(view.lse) + first * launch.lse_batch_stride;
     view.lse = lse.data();
     reference_attention_forward(view);
-    for (int64_t b = 0; b < view.batch; ++b) {
+    for (int64_t b = 0; b < count; ++b) {
       for (int64_t h = 0; h < heads; ++h) {
         for (int64_t i = 0; i < seq; ++i) {
           lse_at[b * launch.lse_batch_stride + h * launch.lse_head_stride + i] =
@@ -290,7 +310,25 @@ void check_split_equals_whole(const SplitCase& c) {
         }
       }
     }
-    chunks_run += view.batch * heads / p.heads_q;
+  };
+  int64_t chunks_run = 0, tails_in_launch = 0;
+  for (const detail::SplitLaunch& launch : detail::key_split_launches(p, split, ws)) {
+    const AttentionParams& view = launch.view;
+    const int64_t last = launch.last_chunk_seqlen_k;
+    if (last > 0) {
+      // The tail, shorter, is the launch's last batch entry (the kernel's last_batch_kept_keys).
+      EXPECT_LT(last, view.seqlen_k);
+      run_entries(launch, 0, view.batch - 1, view.seqlen_k);
+      run_entries(launch, view.batch - 1, 1, last);
+      ++tails_in_launch;
+    } else {
+      run_entries(launch, 0, view.batch, view.seqlen_k);
+    }
+    chunks_run += view.batch * view.heads_q / p.heads_q;
+  }
+  // Without a window the tail runs in the launch of the full chunks.
+  if (split.tail_keys > 0 && c.window_right < 0) {
+    EXPECT_EQ(tails_in_launch * (detail::chunk_heads_merge(p) ? p.batch : 1), p.batch);
   }
   EXPECT_EQ(chunks_run, split.parts() * p.batch) << "every (chunk, batch entry) once";
 
@@ -315,9 +353,12 @@ void check_split_equals_whole(const SplitCase& c) {
 }
 
 TEST(KeySplit, ChunksMergedEqualTheWholeCall) {
+  // num_splits 0 (automatic) where one launch takes every chunk; explicit counts elsewhere.
   const SplitCase cases[] = {
       {"decode_gqa", {2, 8, 2, 1, 1000, 32, 32}, false, 1, 0, true},
-      {"decode_gqa_seq_major", {3, 8, 2, 1, 1000, 32, 32}, true, 1, 0, true},
+      // 1000 keys / 17 chunks: a tail, in the full chunks' launch.
+      {"tail_in_the_launch", {1, 4, 1, 1, 1000, 16, 16}, false, 1, 17, true},
+      {"decode_gqa_seq_major", {3, 8, 2, 1, 1000, 32, 32}, true, 1, 6, true},
       {"decode_seq_major", {3, 4, 4, 1, 700, 16, 16}, true, 1, 5, false},
       {"rows_seq_major_gqa", {2, 6, 3, 5, 333, 8, 8}, true, 1, 3, false},
       {"kv_stride", {2, 4, 2, 3, 1001, 16, 16}, false, 3, 2, true},
@@ -325,12 +366,12 @@ TEST(KeySplit, ChunksMergedEqualTheWholeCall) {
       {"tail_of_one_key", {1, 2, 2, 2, 129, 16, 16}, false, 1, 2, false},
       {"many_chunks", {1, 2, 1, 1, 5000, 8, 8}, false, 1, 100, true},
       {"lower_right_gqa", {2, 4, 2, 6, 1500, 16, 16}, false, 1, 3, false, 1494},
-      {"lower_right_seq_major", {1, 4, 4, 9, 700, 16, 16}, true, 1, 0, false, 691},
+      {"lower_right_seq_major", {1, 4, 4, 9, 700, 16, 16}, true, 1, 6, false, 691},
       {"right_edge_kv_stride", {2, 2, 1, 4, 2000, 8, 8}, false, 3, 5, false, 1200},
       // Chunks of 128 keys and r = 255: a last chunk starting at 256 would see its window
       // become -1 (unbounded); the full chunks must stop at 128.
       {"right_edge_one_before_a_chunk_end", {1, 2, 2, 145, 400, 8, 8}, false, 1, 4, false, 255},
-      {"key_padding_gqa", {3, 4, 2, 1, 900, 16, 16}, true, 1, 0, false, -1, MaskKind::kKeyPadding},
+      {"key_padding_gqa", {3, 4, 2, 1, 900, 16, 16}, true, 1, 6, false, -1, MaskKind::kKeyPadding},
       {"additive_rows", {2, 2, 2, 5, 700, 8, 8}, false, 1, 3, false, -1, MaskKind::kAdditive},
       // q, k and v merge their (batch, head) pairs, the padding mask (stride 0 over heads) not.
       {"key_padding_heads_major",

@@ -43,7 +43,10 @@ __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
 
 __device__ __forceinline__ SequenceExtent sequence_extent(const detail::ForwardKernelParams& p,
                                                           int64_t b) {
-  if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.kept_keys, 0};
+  if (p.cu_seqlens_q == nullptr) {
+    const bool last = b == p.batch - 1 && p.last_batch_kept_keys > 0;
+    return {0, 0, p.seqlen_q, last ? p.last_batch_kept_keys : p.kept_keys, 0};
+  }
   const int64_t q0 = clamp64(p.cu_seqlens_q[b], 0, p.total_q);
   const int64_t q1 = clamp64(p.cu_seqlens_q[b + 1], q0, p.total_q);
   const int64_t k0 = clamp64(p.cu_seqlens_k[b], 0, p.total_k);
