@@ -198,21 +198,32 @@ __device__ __forceinline__ void mask_fixed_pattern(float (&s)[kMTiles][kNTiles][
 }
 
 // Fills tile[row * kPitch + key] with the mask term of query m_begin + row and logical key
-// n_begin + key (rows past `rows` get -inf, and are never stored). The whole block calls it;
-// consecutive threads take consecutive keys (coalesced mask reads, conflict-free stores).
+// n_begin + key for the block's `rows` valid rows (fill_rows_past_end set the others once). The
+// whole block calls it; consecutive threads take consecutive keys (coalesced mask reads,
+// conflict-free stores).
 template <int kBlockM, int kBlockN, int kPitch, int kThreads>
 __device__ __forceinline__ void fill_mask_tile(float* tile, const detail::ForwardKernelParams& p,
                                                const detail::MaskPolicy& policy, int64_t b,
                                                int64_t h, int64_t m_begin, int rows,
                                                int64_t n_begin, int64_t key_end) {
 #pragma unroll 1
-  for (int e = threadIdx.x; e < kBlockM * kBlockN; e += kThreads) {
+  for (int e = threadIdx.x; e < rows * kBlockN; e += kThreads) {
     const int row = e / kBlockN;
     const int key = e % kBlockN;
     tile[row * kPitch + key] =
-        row < rows
-            ? simt::masked_score<float>(p, policy, b, h, m_begin + row, n_begin + key, key_end, 0.f)
-            : -INFINITY;
+        simt::masked_score<float>(p, policy, b, h, m_begin + row, n_begin + key, key_end, 0.f);
+  }
+}
+
+// The mask tile's rows past the block's `rows` valid ones: -inf, once per block (they are never
+// stored; fill_mask_tile leaves them). A decoding call's block has one valid row of 128:
+// filling all of them on every key block was 128 times the mask work it needs (stop 51).
+template <int kBlockM, int kBlockN, int kPitch, int kThreads>
+__device__ __forceinline__ void fill_rows_past_end(float* tile, int rows) {
+#pragma unroll 1
+  for (int e = rows * kBlockN + static_cast<int>(threadIdx.x); e < kBlockM * kBlockN;
+       e += kThreads) {
+    tile[(e / kBlockN) * kPitch + e % kBlockN] = -INFINITY;
   }
 }
 
@@ -384,6 +395,10 @@ __device__ __forceinline__ void masked_forward_block(const detail::ForwardKernel
     }
   }
   OnlineSoftmax<kMTiles> softmax;
+  // Published by the first key block's barrier, like the tile's other rows.
+  if (detail::forward_needs_mask_tile(p) && rows < kBlockM) {
+    fill_rows_past_end<kBlockM, kBlockN, kPitch, kThreads>(mask_tile, rows);
+  }
 
   while (n_block >= first_block) {
     const int n_begin = n_block * kBlockN;
