@@ -61,6 +61,18 @@ struct TcMaskCase {
 // gtest prints a failing parameter with this (not as raw bytes).
 void PrintTo(const TcMaskCase& c, std::ostream* os) { *os << c.name; }
 
+// Bottom-right causal (mask.causal_lower_right): the diagonal moved right by Sk - Sq, or left
+// (the first Sq - Sk rows see no key: output 0, lse -inf, no gradient).
+TcMaskCase lower_right(std::string name, Shape shape, int64_t kv_stride, int64_t left,
+                       ElementMask element) {
+  TcMaskCase t{std::move(name), shape};
+  t.kv_stride = kv_stride;
+  t.window_left = left;
+  t.element = element;
+  t.lower_right = true;
+  return t;
+}
+
 std::vector<TcMaskCase> cases() {
   using SP = SparsePattern;
   std::vector<TcMaskCase> c = {
@@ -152,17 +164,7 @@ std::vector<TcMaskCase> cases() {
        64,
        64},
   };
-  // Bottom-right causal: the diagonal moved right by Sk - Sq, or left (the first Sq - Sk rows
-  // see no key: output 0, lse -inf, no gradient), with a window, kv_stride and an element mask.
-  const auto lower_right = [](std::string name, Shape shape, int64_t kv_stride, int64_t left,
-                              ElementMask element) {
-    TcMaskCase t{std::move(name), shape};
-    t.kv_stride = kv_stride;
-    t.window_left = left;
-    t.element = element;
-    t.lower_right = true;
-    return t;
-  };
+  // Bottom-right causal with a window, kv_stride and an element mask.
   c.push_back(
       lower_right("lower_right_sk_gt_sq", {2, 4, 2, 150, 300, 64, 64}, 1, -1, ElementMask::kNone));
   c.push_back(lower_right("lower_right_sq_gt_sk_window_d128", {1, 2, 2, 200, 90, 128, 128}, 1, 50,
@@ -509,7 +511,7 @@ TEST(MaskTensorCoreCrossPath, CausalMaskEqualsCausalKernel) {
 // windows cut on both sides, rows and keys that see nothing, a span that starts in the middle of
 // the keys (key blocks skipped on the left), GQA, and more tiles than SMs.
 std::vector<TcMaskCase> hopper_window_cases() {
-  return {
+  std::vector<TcMaskCase> c = {
       {"window", {2, 2, 1, 150, 170, 64, 64}, false, 1, 20, 5},
       {"window_causal_d128", {1, 2, 2, 300, 300, 128, 128}, true, 1, 64, -1},
       {"window_sq_gt_sk", {1, 2, 2, 129, 77, 64, 64}, true, 1, 40, -1},
@@ -521,38 +523,13 @@ std::vector<TcMaskCase> hopper_window_cases() {
       {"window_zero", {1, 2, 2, 257, 257, 128, 128}, false, 1, 0, 0},
       {"window_causal_d96", {1, 2, 2, 300, 300, 96, 96}, true, 1, 64, -1},
       {"window_d192", {1, 2, 2, 300, 260, 192, 192}, false, 1, 50, 30},
-      // Bottom-right causal runs as the window's per-row key range.
-      {"lower_right_sk_gt_sq_d128",
-       {2, 4, 2, 150, 700, 128, 128},
-       false,
-       1,
-       -1,
-       -1,
-       SparsePattern::kNone,
-       0,
-       0,
-       ElementMask::kNone,
-       0,
-       0,
-       true,
-       false,
-       true},
-      {"lower_right_sq_gt_sk_d64",
-       {1, 2, 2, 400, 130, 64, 64},
-       false,
-       1,
-       60,
-       -1,
-       SparsePattern::kNone,
-       0,
-       0,
-       ElementMask::kNone,
-       0,
-       0,
-       true,
-       false,
-       true},
   };
+  // Bottom-right causal runs as the window's per-row key range.
+  c.push_back(lower_right("lower_right_sk_gt_sq_d128", {2, 4, 2, 150, 700, 128, 128}, 1, -1,
+                          ElementMask::kNone));
+  c.push_back(lower_right("lower_right_sq_gt_sk_window_d64", {1, 2, 2, 400, 130, 64, 64}, 1, 60,
+                          ElementMask::kNone));
+  return c;
 }
 
 // Problem pb with its host masks (possibly none) forced onto the Hopper forward, after checking
