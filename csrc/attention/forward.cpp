@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attention/decode.h"
 #include "attention/fixed_pattern.h"
 #include "attention/hopper/forward_launch.h"
 #include "attention/kernel_params.h"
@@ -75,7 +76,8 @@ size_t attention_forward_workspace_bytes(const AttentionParams& params) {
       break;
   }
   const detail::KeySplit split = key_split_of(params);
-  return split.parts() > 0 ? detail::key_split_workspace_bytes(params, split) : 0;
+  return detail::split_needs_workspace(split) ? detail::key_split_workspace_bytes(params, split)
+                                              : 0;
 }
 
 namespace {
@@ -110,6 +112,10 @@ void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   if (detail::output_rows(params) == 0) return;
   // A split call, when its workspace was given; without one it runs as with num_splits 1.
   if (const detail::KeySplit split = key_split_of(params); split.parts() > 0) {
+    if (split.on_decode_kernel && (params.workspace != nullptr || split.parts() == 1)) {
+      detail::decode_forward(params, split, stream);
+      return;
+    }
     if (params.workspace != nullptr) {
       detail::key_split_forward(params, split, stream);
       return;

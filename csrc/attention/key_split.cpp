@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "attention/decode.h"
 #include "attention/kernel_params.h"
 #include "attention/prior_part.h"
 #include "attention/tensor_core/forward_config.h"
@@ -13,12 +14,6 @@
 
 namespace samattn::detail {
 namespace {
-
-// A chunk of fewer key blocks than this pays its start, its fp32 store and its share of the
-// merge for too little streaming; the automatic choice keeps chunks at least this long.
-constexpr int64_t kMinChunkBlocks = 2;
-// Bounds the merge's loop over a row's chunks and the workspace (FlashAttention-2's bound too).
-constexpr int64_t kMaxChunks = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -103,6 +98,7 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
 
 KeySplit key_split_for(const AttentionParams& p) {
   if (p.num_splits == 1 || !tensor_core::supports(p).ok()) return {};
+  if (const KeySplit decode = decode_split_for(p); decode.parts() > 0) return decode;
   const DeviceInfo& device = current_device_info();
   const int bytes = dtype_size(p.dtype);
   // The chunks write fp32 outputs, which only the masked kernel does: it needs a little more

@@ -7,10 +7,12 @@
 //   out = sum_c exp(lse_c - m) out_c / sum_c exp(lse_c - m),  lse = m + log sum_c exp(lse_c - m),
 // and rounds the output once.
 //
-// The chunks are views the tensor-core kernels already take: the chunk is their batch index
-// (q's batch stride 0, k's and v's one chunk of rows), the (batch, head) pairs their heads when
-// the strides merge them (else one launch per batch entry); the last chunk, of other length, runs
-// in the same launch (the kernel's last batch entry has fewer keys), or, with a window, as a
+// Calls with at most 64 query rows per kv head (decoding) run their chunks on the decoding
+// kernel (decode.h): one launch for every batch entry, thread blocks shaped for those rows.
+// Other calls' chunks are views the tensor-core kernels already take: the chunk is their batch
+// index (q's batch stride 0, k's and v's one chunk of rows), the (batch, head) pairs their heads
+// when the strides merge them (else one launch per batch entry); the last chunk, of other length,
+// runs in the same launch (the kernel's last batch entry has fewer keys), or, with a window, as a
 // second launch. A window with only a right edge r (query i sees positions j <= i + r:
 // bottom-right causal, samattn's causal="lower_right", new tokens against a KV cache) splits
 // too: the full chunks end where every query sees all their keys (their last position <= r), so
@@ -32,14 +34,28 @@
 
 namespace samattn::detail {
 
+// A chunk of fewer key blocks than this pays its start, its fp32 store and its share of the
+// merge for too little streaming; the automatic choice keeps chunks at least this long.
+inline constexpr int64_t kMinChunkBlocks = 2;
+// Bounds the merge's loop over a row's chunks and the workspace (FlashAttention-2's bound too).
+inline constexpr int64_t kMaxChunks = 128;
+
 // Keys [0, kept keys) cut into full_chunks chunks of chunk_keys logical keys, then a tail.
 struct KeySplit {
   int64_t chunk_keys = 0;
   int64_t full_chunks = 0;
   int64_t tail_keys = 0;  // keys of the last chunk (0: none); more than chunk_keys only where a
                           // right-edge window ends the full chunks early
+  bool on_decode_kernel = false;  // the chunks run on the decoding kernel (decode.h), which
+                                  // also runs a plan of one chunk (no workspace, no merge)
   int64_t parts() const { return full_chunks + (tail_keys > 0 ? 1 : 0); }
 };
+
+// Whether the split keeps chunk results in a workspace: any split of the tensor-core chunks, a
+// decoding split of two or more chunks.
+inline bool split_needs_workspace(const KeySplit& split) {
+  return split.parts() > (split.on_decode_kernel ? 1 : 0);
+}
 
 // The tensor-core kernel's tile: query rows of a thread block, keys per step, and the blocks an
 // SM runs at once.
@@ -75,10 +91,11 @@ bool chunk_heads_merge(const AttentionParams& params);
 // Pure: no device query.
 KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, SplitTile tile);
 
-// The split attention_forward runs for `params` on the current device with the tensor-core
-// kernels, planned on packed_query_heads(params) (parts() == 0: none; also when the tensor-core
-// kernels cannot take the call). The workspace, the launches and the merge below take the
-// packed parameters.
+// The split attention_forward runs for `params` on the current device (parts() == 0: none;
+// also when the tensor-core kernels cannot take the call): the decoding kernel's plan
+// (decode_split_for) where it takes the call, else the tensor-core kernels' chunks, planned on
+// packed_query_heads(params); the workspace, the launches and the merge below take the packed
+// parameters then.
 KeySplit key_split_for(const AttentionParams& params);
 
 // fp32 workspace of a split: each chunk's output (parts, batch, heads_q, seqlen_q, head_dim_v)

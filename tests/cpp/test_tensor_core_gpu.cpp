@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "attention/key_split.h"
+#include "common/device.h"
 #include "common/host_float.h"
 #include "test_support.h"
 
@@ -230,57 +232,135 @@ TEST_P(TensorCoreGpu, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()), case_name);
 
+// A split call: num_splits, a window's right edge (bottom-right causal: seqlen_k - seqlen_q),
+// and optionally the output in (B, S, H, D) storage.
+struct SplitScenario {
+  const char* name;
+  Shape shape;
+  bool seq_major;
+  int64_t kv_stride, num_splits;
+  int64_t window_right = -1;
+  bool out_seq_major = false;
+};
+
+// Runs `sc` split (the chunks on the decoding kernel exactly when `decoding`) and checks the
+// output against the unsplit kernel's bound and lse against the fp64 reference.
+void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + "/" + sc.name);
+  Problem pb(sc.shape, dtype, sc.seq_major, 31);
+  pb.params.kv_stride = sc.kv_stride;
+  pb.params.mask.window_right = sc.window_right;
+  if (sc.out_seq_major) {
+    const Shape& s = sc.shape;
+    pb.params.out_strides = {s.seqlen_q * s.heads_q * s.head_dim_v, s.head_dim_v,
+                             s.heads_q * s.head_dim_v};
+  }
+  const HostTensor expected = pb.reference(/*with_lse=*/true);
+  const Emulated emulated = low_precision_reference(pb, sc.window_right);
+  DeviceProblem dp(pb);
+  AttentionParams p = dp.pb.params;
+  p.num_splits = sc.num_splits;
+  const detail::KeySplit split = detail::key_split_for(p);
+  ASSERT_GT(split.parts(), 0) << "the call must split";
+  ASSERT_EQ(split.on_decode_kernel, decoding);
+  const size_t workspace_bytes = attention_forward_workspace_bytes(p);
+  EXPECT_EQ(workspace_bytes > 0, detail::split_needs_workspace(split));
+  EXPECT_EQ(select_backend(p), Backend::kTensorCore);
+  DeviceBuffer workspace(workspace_bytes);
+  const int64_t rows = sc.shape.batch * sc.shape.heads_q * sc.shape.seqlen_q;
+  DeviceBuffer lse(rows * sizeof(float));
+  ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
+  p.workspace = workspace_bytes > 0 ? workspace.get() : nullptr;
+  p.lse = lse.get();
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(dtype, pb.out.size());
+  dp.out.download(got.data());
+  EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
+  std::vector<float> lse32(rows);
+  lse.download(lse32.data());
+  for (int64_t i = 0; i < rows; ++i) {
+    EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+  }
+}
+
 // Split-key attention (attention/key_split.h): the chunks on the tensor-core kernel and the
-// merge, against the unsplit kernel's bound, lse against the fp64 reference.
+// merge, for calls the decoding kernel does not take (head dims, kv_stride, rows).
 TEST(KeySplitGpu, MatchesReference) {
   SKIP_WITHOUT_TENSOR_CORES();
-  struct SplitScenario {
-    const char* name;
-    Shape shape;
-    bool seq_major;
-    int64_t kv_stride, num_splits;
-    int64_t window_right = -1;  // bottom-right causal: seqlen_k - seqlen_q
-  };
   const SplitScenario scenarios[] = {
-      {"decode_gqa_4to1_seq_major", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
-      {"decode_d64", {3, 4, 4, 1, 1000, 64, 64}, false, 1, 7},
       {"rows_gqa_kv_stride3_d96", {1, 4, 2, 5, 1777, 96, 96}, false, 3, 4},
       {"tail_of_one_key_d32", {1, 2, 1, 3, 257, 32, 32}, false, 1, 2},
       {"rows_d256", {1, 2, 2, 70, 900, 256, 256}, false, 1, 3},
       {"decode_d192_many_chunks", {1, 2, 1, 1, 5000, 192, 192}, true, 1, 1000},
-      {"lower_right_drafts_gqa_d128", {2, 8, 2, 5, 3000, 128, 128}, true, 1, 0, 2995},
       {"right_edge_kv_stride2_d64", {1, 4, 4, 9, 2001, 64, 64}, false, 2, 4, 1500},
+      {"rows_past_the_decoding_kernel_d128", {1, 4, 1, 17, 1000, 128, 128}, false, 1, 3},
   };
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (const SplitScenario& sc : scenarios) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + "/" + sc.name);
-      Problem pb(sc.shape, dtype, sc.seq_major, 31);
-      pb.params.kv_stride = sc.kv_stride;
-      pb.params.mask.window_right = sc.window_right;
-      const HostTensor expected = pb.reference(/*with_lse=*/true);
-      const Emulated emulated = low_precision_reference(pb, sc.window_right);
-      DeviceProblem dp(pb);
-      AttentionParams p = dp.pb.params;
-      p.num_splits = sc.num_splits;
-      const size_t workspace_bytes = attention_forward_workspace_bytes(p);
-      ASSERT_GT(workspace_bytes, 0u) << "the call must split";
-      EXPECT_EQ(select_backend(p), Backend::kTensorCore);
-      DeviceBuffer workspace(workspace_bytes);
-      const int64_t rows = sc.shape.batch * sc.shape.heads_q * sc.shape.seqlen_q;
-      DeviceBuffer lse(rows * sizeof(float));
-      ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
-      p.workspace = workspace.get();
-      p.lse = lse.get();
-      attention_forward(p, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      HostTensor got(dtype, pb.out.size());
-      dp.out.download(got.data());
-      EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
-      std::vector<float> lse32(rows);
-      lse.download(lse32.data());
-      for (int64_t i = 0; i < rows; ++i) {
-        EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
-      }
+    for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, false);
+  }
+}
+
+// The decoding kernel (attention/decode.h): every query row of a kv head in one block, chunks
+// merged by the split's merge, or one chunk written directly.
+TEST(DecodeKernelGpu, MatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const SplitScenario scenarios[] = {
+      {"gqa_4to1_seq_major", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
+      {"one_row_d64", {3, 4, 4, 1, 1000, 64, 64}, false, 1, 7},
+      {"drafts_lower_right_gqa", {2, 8, 2, 5, 3000, 128, 128}, true, 1, 0, 2995},
+      {"drafts_lower_right_seq_major_out", {1, 8, 2, 5, 777, 64, 64}, true, 1, 3, 772, true},
+      // 64 rows (4 tiles, one phase), 48 rows (3 tiles, a warp that only loads), 17 rows
+      // (2 tiles, two phases), 16 rows (one tile, four phases).
+      {"mqa_64_rows", {1, 32, 1, 2, 1500, 128, 128}, true, 1, 5},
+      {"rows_48_d64", {2, 16, 2, 6, 900, 64, 64}, false, 1, 4},
+      {"rows_17_right_edge", {1, 17, 1, 1, 2000, 128, 128}, false, 1, 3, 1999},
+      {"rows_16", {1, 16, 1, 1, 1234, 64, 64}, true, 1, 0},
+      // Right edges; one chunk (written directly, no merge) where the keys are few.
+      // r = 62: the second 64-key chunk holds key 64, which only the last of 3 queries sees.
+      {"right_edge_hides_a_chunk", {1, 4, 2, 3, 5000, 128, 128}, false, 1, 8, 62},
+      {"right_edge_zero", {2, 2, 1, 4, 300, 64, 64}, false, 1, 2, 0},
+      {"keys_fewer_than_a_tile", {2, 4, 2, 1, 37, 128, 128}, false, 1, 0},
+      {"one_key", {1, 2, 2, 1, 1, 64, 64}, true, 1, 0},
+      {"more_chunks_asked_than_tiles", {4, 8, 8, 1, 777, 128, 128}, true, 1, 1000000},
+      {"many_chunks", {1, 2, 1, 1, 20000, 64, 64}, false, 1, 1000},
+  };
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, true);
+  }
+}
+
+// One chunk, planned where the (batch, kv head) blocks fill the device: no workspace, the
+// output and lse written by the kernel itself.
+TEST(DecodeKernelGpu, FullDeviceRunsOneChunkWithoutWorkspace) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const int64_t batch = detail::current_device_info().multiprocessors * 8;
+  const SplitScenario sc{"full_device", {batch, 4, 1, 1, 200, 64, 64}, true, 1, 0};
+  check_split_call(sc, DType::kBFloat16, true);
+  Problem pb(sc.shape, DType::kBFloat16, true, 7);
+  AttentionParams p = pb.params;
+  p.num_splits = 0;
+  EXPECT_EQ(detail::key_split_for(p).parts(), 1);
+  EXPECT_EQ(attention_forward_workspace_bytes(p), 0u);
+}
+
+TEST(DecodeKernelGpu, NanInOneQueryPoisonsOnlyItsRow) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  Problem pb({1, 4, 1, 1, 700, 64, 64}, DType::kBFloat16, false, 5);
+  pb.q.set(2 * 64 + 9, std::nan(""));  // query head 2
+  DeviceProblem dp(pb);
+  AttentionParams p = dp.pb.params;
+  p.num_splits = 4;
+  ASSERT_TRUE(detail::key_split_for(p).on_decode_kernel);
+  DeviceBuffer workspace(attention_forward_workspace_bytes(p));
+  p.workspace = workspace.get();
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(DType::kBFloat16, pb.out.size());
+  dp.out.download(got.data());
+  for (int64_t h = 0; h < 4; ++h) {
+    for (int64_t d = 0; d < 64; ++d) {
+      EXPECT_EQ(std::isnan(got.get(h * 64 + d)), h == 2) << "head " << h << " dim " << d;
     }
   }
 }

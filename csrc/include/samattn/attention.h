@@ -70,9 +70,11 @@ struct AttentionParams {
   // chunks. Only float16/bfloat16 calls that the tensor-core kernels can run split (on them,
   // also under backend auto on Hopper), without causal or mask options other than an element
   // mask and a window's right edge (bottom-right causal: new queries against a cache; padded
-  // batches' masks), and only with the workspace
-  // below (without it the call runs as it would with 1); any other call runs as it would
-  // with 1.
+  // batches' masks), and only with the workspace below (without it the call runs as it would
+  // with 1); any other call runs as it would with 1. Calls with at most 64 query rows per kv
+  // head (query heads per kv head x seqlen_q), head dim 64 or 128, kv_stride 1 and no element
+  // mask run on a kernel shaped for decoding instead, which with num_splits 0 also runs
+  // unsplit, without workspace, where the (batch, kv head) pairs already fill the device.
   int64_t num_splits = 1;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)

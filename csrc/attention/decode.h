@@ -1,0 +1,101 @@
+// Internal: the decoding kernel, the split-key forward (key_split.h) for few query rows per
+// key/value head: decoding one token, or verifying a few draft tokens, against a KV cache.
+//
+// The generic split runs its chunks on the tensor-core forward, whose thread blocks compute 128
+// query rows: a decoding call has one to a few valid rows per head, so that kernel computed
+// ~100x the needed products and ran compute-bound where the cache's bytes should set the time
+// (benchmarks/NOTES.md, stop 51). This kernel is shaped for the call instead:
+//  - one thread block per (key chunk, kv head, batch entry), all in one launch whatever the
+//    cache's layout, holding every query row of the kv head: the G query heads that share it
+//    (grouped-query attention) times the T queries, G * T <= 64 rows, so the chunk's keys and
+//    values are read once for all of them;
+//  - its 4 warps share the 64-key tiles of a two-stage cp.async pipeline and split the rows
+//    into 16-row mma tiles and, when fewer than 4 tiles, the keys of each tile between them;
+//    at the end the warps' softmax states merge in shared memory;
+//  - one chunk writes the output and lse directly; several write fp32 parts that the split's
+//    merge (key_split_merge.cu) combines.
+// Calls it takes: float16/bfloat16, head dims 64 and 128, kv_stride 1, no causal, no mask
+// options but a window's right edge r (query t sees keys j <= t + r: bottom-right causal, new
+// tokens against a cache), 16-byte aligned rows (the tensor-core path's alignment).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "attention/key_split.h"
+#include "samattn/attention.h"
+
+namespace samattn::detail {
+
+inline constexpr int kDecodeThreads = 128;     // 4 warps
+inline constexpr int kDecodeBlockN = 64;       // keys per pipeline stage
+inline constexpr int kDecodeStages = 2;        // the next tile loads while this one is used
+inline constexpr int64_t kDecodeMaxRows = 64;  // query rows per kv head: 4 mma tiles of 16
+inline constexpr int kDecodeHeadDims[] = {64, 128};
+
+// Shared memory of a block: the query rows, then the stages' K and V tiles, rows padded by 16
+// bytes (the tensor-core tiles' conflict-free pitch). The warps' final states overlay the stages.
+constexpr int decode_row_pitch(int head_dim) { return head_dim + 8; }  // 16-bit elements
+constexpr int decode_smem_bytes(int head_dim) {
+  return static_cast<int>(kDecodeMaxRows + 2 * kDecodeStages * kDecodeBlockN) *
+         decode_row_pitch(head_dim) * 2;
+}
+
+struct DecodeKernelParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;   // one chunk: the call's output ...
+  float* lse;  // ... and its lse (nullable), contiguous (batch, heads_q, seqlen_q)
+  // Several chunks: chunk c's fp32 output and lse of query row (b, hq, t) at row
+  // c * workspace_rows + (b * heads_q + hq) * seqlen_q + t (the split's workspace layout).
+  float* part_out;
+  float* part_lse;
+  int64_t workspace_rows;
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int64_t heads_kv, group, seqlen_q, seqlen_k;
+  int64_t chunk_keys, parts;
+  int64_t right_edge;  // -1: none; else query t sees keys j <= t + right_edge
+  float scale_log2;    // softmax scale * log2(e)
+};
+
+// Whether the decoding kernel takes `params` (validated), before any device query; otherwise the
+// message says why.
+Status decode_kernel_takes(const AttentionParams& params);
+
+// The chunks of a call the kernel takes on a device running `resident_blocks` of its blocks at
+// once. num_splits 0: enough chunks for batch * heads_kv * chunks to fill them, each at least
+// two key tiles, at most 128 (the merge's bound); n > 1: about n. One chunk (parts() == 1, no
+// workspace, no merge) where the blocks already fill the device. Covers the keys any query can
+// see (all of them, or with a right edge r the first seqlen_q + r). on_decode_kernel is set.
+KeySplit plan_decode(const AttentionParams& params, int64_t resident_blocks);
+
+// The plan for the current device, or parts() == 0 where the kernel does not take the call or
+// the tensor-core path cannot run on the device (tensor_core::supports).
+KeySplit decode_split_for(const AttentionParams& params);
+
+// The kernel's parameters; `workspace` (the split's, key_split.h) is used when parts() > 1.
+DecodeKernelParams make_decode_kernel_params(const AttentionParams& params, const KeySplit& split,
+                                             const PriorPart& workspace);
+
+// Runs the plan: the kernel, then the merge when there are several chunks (params.workspace of
+// key_split_workspace_bytes bytes then).
+void decode_forward(const AttentionParams& params, const KeySplit& split, cudaStream_t stream);
+
+}  // namespace samattn::detail
+
+namespace samattn::tensor_core {
+
+// Blocks of the decoding kernel an SM of the current device runs at once (occupancy query,
+// cached per device).
+int decode_blocks_per_sm(DType dtype, int64_t head_dim);
+
+// Launches the instantiation for (dtype, head dim) on a (parts, heads_kv, batch) grid.
+void dispatch_decode(DType dtype, int64_t head_dim, int64_t batch,
+                     const detail::DecodeKernelParams& params, cudaStream_t stream);
+
+}  // namespace samattn::tensor_core

@@ -1,0 +1,255 @@
+// Internal: the decoding kernel (attention/decode.h says what it is for and which calls it
+// takes). One block: chunk blockIdx.x of the keys of kv head blockIdx.y, batch entry
+// blockIdx.z, against every query row of that kv head (row r is query head
+// h * group + r / seqlen_q, query r % seqlen_q).
+//
+// Warp w computes 16-row mma tile w % tiles (tiles = ceil(rows / 16)) over the 16-key slices
+// w / tiles, w / tiles + phases, ... of each 64-key tile (phases = 4 / tiles), with the
+// tensor-core forward's warp products and online softmax; a warp with w / tiles >= phases only
+// helps load. The warps of one row tile then merge their (max, sum, output) in shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/decode.h"
+#include "attention/tensor_core/mma.cuh"
+#include "attention/tensor_core/online_softmax.cuh"
+#include "attention/tensor_core/tile_io.cuh"
+#include "attention/tensor_core/warp_gemm.cuh"
+
+namespace samattn::tensor_core {
+
+template <int kHeadDim>
+struct DecodeConfig {
+  static constexpr int kThreads = detail::kDecodeThreads;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kBlockN = detail::kDecodeBlockN;
+  static constexpr int kSliceKeys = 16;  // keys of one warp step: one k-step of P V
+  static constexpr int kSlices = kBlockN / kSliceKeys;
+  static constexpr int kMaxRows = static_cast<int>(detail::kDecodeMaxRows);
+  static constexpr int kStride = detail::decode_row_pitch(kHeadDim);  // elements
+  static constexpr int kTileElems = kBlockN * kStride;                // one K or V tile
+  static constexpr int kChunkElems = 8;                               // 16-bit, 16 bytes
+  static constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  // The warps' final states, in floats, over the stages: (warp, 16 rows, pitch) outputs, then
+  // (warp, 16 rows) maxima and sums. The pitch keeps float2 stores of a quad's rows apart.
+  static constexpr int kStatePitch = kHeadDim + 8;
+  static constexpr int kStateFloats = kWarps * 16 * (kStatePitch + 2);
+
+  static_assert(kMaxRows == 16 * kWarps, "every warp owns a row tile when rows fill the block");
+  static_assert((kStride * 2 / 16) % 2 == 1, "row pitch must be odd in 16 bytes");
+  static_assert(kStateFloats * 4 <= 2 * detail::kDecodeStages * kTileElems * 2,
+                "the final states fit over the stages");
+  static_assert(detail::decode_smem_bytes(kHeadDim) ==
+                    (kMaxRows + 2 * detail::kDecodeStages * kBlockN) * kStride * 2,
+                "tile layout");
+};
+
+// Query row r's first element in q (or out): query head h * group + r / seqlen_q, query
+// r % seqlen_q.
+__device__ __forceinline__ int64_t decode_row_offset(const detail::DecodeKernelParams& p,
+                                                     int64_t head_kv, int row, int64_t head_stride,
+                                                     int64_t row_stride) {
+  const int64_t queries = p.seqlen_q;
+  return (head_kv * p.group + row / queries) * head_stride + (row % queries) * row_stride;
+}
+
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p) {
+  using Cfg = DecodeConfig<kHeadDim>;
+  constexpr int kStride = Cfg::kStride;
+  constexpr int kRowBytes = kStride * 2;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr int kKSteps = kHeadDim * 2 / 32;
+  constexpr float kLn2 = 0.6931471805599453f;
+
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Element* q_tile = reinterpret_cast<Element*>(shared_bytes);  // (kMaxRows, kStride)
+  Element* stages = q_tile + Cfg::kMaxRows * kStride;          // per stage: K tile, V tile
+
+  const int64_t chunk = blockIdx.x;
+  const int64_t head_kv = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int rows = static_cast<int>(p.group * p.seqlen_q);
+  const int64_t chunk_begin = chunk * p.chunk_keys;
+  const int64_t chunk_end = min(p.seqlen_k, chunk_begin + p.chunk_keys);
+  // Keys of the chunk that any row sees (the last query's edge) and that every row sees (the
+  // first query's), relative to the chunk; either may be <= 0.
+  int64_t any_end = chunk_end - chunk_begin;
+  int64_t all_end = any_end;
+  if (p.right_edge >= 0) {
+    any_end = min(any_end, p.seqlen_q + p.right_edge - chunk_begin);
+    all_end = min(all_end, p.right_edge + 1 - chunk_begin);
+  }
+  const int64_t n_tiles = any_end > 0 ? (any_end + kBlockN - 1) / kBlockN : 0;
+
+  const auto* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
+  const auto* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
+                  head_kv * p.k_head_stride + chunk_begin * p.k_row_stride;
+  const auto* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
+                  head_kv * p.v_head_stride + chunk_begin * p.v_row_stride;
+
+  // Query rows: 16-byte copies with each row's own address; rows past `rows` are zeros.
+  for (int i = static_cast<int>(threadIdx.x); i < Cfg::kMaxRows * Cfg::kChunksPerRow;
+       i += Cfg::kThreads) {
+    const int row = i / Cfg::kChunksPerRow;
+    const int col = i % Cfg::kChunksPerRow * Cfg::kChunkElems;
+    const bool valid = row < rows;
+    const Element* from =
+        valid ? q + decode_row_offset(p, head_kv, row, p.q_head_stride, p.q_row_stride) + col : q;
+    cp_async_16(shared_address(q_tile + row * kStride + col), from, valid);
+  }
+  const auto load_stage = [&](int64_t tile) {
+    Element* k_tile = stages + (tile % detail::kDecodeStages) * 2 * Cfg::kTileElems;
+    const int64_t first = tile * kBlockN;
+    const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), any_end - first));
+    load_tile_async<kBlockN, kHeadDim, kStride, Cfg::kThreads>(k_tile, k + first * p.k_row_stride,
+                                                               p.k_row_stride, keys);
+    load_tile_async<kBlockN, kHeadDim, kStride, Cfg::kThreads>(
+        k_tile + Cfg::kTileElems, v + first * p.v_row_stride, p.v_row_stride, keys);
+  };
+  if (n_tiles > 0) load_stage(0);
+  cp_async_commit();
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int row_tiles = (rows + 15) / 16;
+  const int phases = Cfg::kWarps / row_tiles;
+  const int row_tile = warp % row_tiles;
+  const int phase = warp / row_tiles;
+  const bool computes = phase < phases;
+
+  // The lane's rows row_tile * 16 + lane / 4 (+ 8): keys of the chunk each sees (relative).
+  int64_t row_end[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row_tile * 16 + lane / 4 + 8 * i;
+    row_end[i] = chunk_end - chunk_begin;
+    if (p.right_edge >= 0 && row < rows) {
+      row_end[i] = min(row_end[i], row % p.seqlen_q + p.right_edge + 1 - chunk_begin);
+    }
+  }
+  const uint32_t q_lane =
+      shared_address(q_tile + row_tile * 16 * kStride + q_lane_offset<Element, kStride>(lane));
+
+  float o[1][kDTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[0][t][e] = 0.f;
+  }
+  OnlineSoftmax<1> softmax;
+
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) load_stage(tile + 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile (and the query rows) landed ...
+    __syncthreads();     // ... for every thread
+    if (computes) {
+      const Element* k_tile = stages + (tile % detail::kDecodeStages) * 2 * Cfg::kTileElems;
+      const uint32_t k_lane = shared_address(k_tile + k_lane_offset<Element, kStride>(lane));
+      const Element* v_lane = k_tile + Cfg::kTileElems + v_lane_offset<Element, kStride>(lane);
+      for (int slice = phase; slice < Cfg::kSlices; slice += phases) {
+        const int64_t first = tile * kBlockN + slice * Cfg::kSliceKeys;
+        if (first >= any_end) break;
+        float s[1][2][4];
+        warp_qk<Element, 1, 2, kKSteps, kStride>(s, q_lane, k_lane + slice * 16 * kRowBytes);
+        int key_limit[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          key_limit[i] = static_cast<int>(max(int64_t{-1}, min(row_end[i] - first, int64_t{16})));
+        }
+        scale_and_mask(s, p.scale_log2, first + Cfg::kSliceKeys > all_end, key_limit, lane);
+        float rescale[2];
+        softmax.update(s, rescale);
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[0][t][e] *= rescale[e / 2];
+        }
+        warp_pv<Element, 1, 2, kDTiles, kStride>(o, s, v_lane + slice * 16 * kStride);
+      }
+    }
+    __syncthreads();  // nobody reads this stage when the next iteration refills it
+  }
+  cp_async_wait<0>();  // without tiles, the query copies are still in flight
+  __syncthreads();
+
+  // Each computing warp's state over the stages: unnormalised output, row maxima (log2
+  // domain, equal over a quad) and sums.
+  float* state_out = reinterpret_cast<float*>(stages);
+  float* state_max = state_out + Cfg::kWarps * 16 * Cfg::kStatePitch;
+  float* state_sum = state_max + Cfg::kWarps * 16;
+  if (computes) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = lane / 4 + 8 * i;
+      const float sum = quad_sum(softmax.row_sum[i]);
+      if (lane % 4 == 0) {
+        state_max[warp * 16 + row] = softmax.row_max[i];
+        state_sum[warp * 16 + row] = sum;
+      }
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        store_pair(state_out + (warp * 16 + row) * Cfg::kStatePitch + t * 8 + 2 * (lane % 4),
+                   o[0][t][2 * i], o[0][t][2 * i + 1]);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Merge the phases of each row and write two columns per step.
+  const int64_t heads_q = p.heads_kv * p.group;
+  for (int i = static_cast<int>(threadIdx.x); i < rows * (kHeadDim / 2); i += Cfg::kThreads) {
+    const int row = i / (kHeadDim / 2);
+    const int col = i % (kHeadDim / 2) * 2;
+    const int first_warp = row / 16;
+    const int tile_row = row % 16;
+    float largest = -INFINITY;
+    for (int ph = 0; ph < phases; ++ph) {
+      largest = fmaxf(largest, state_max[(first_warp + ph * row_tiles) * 16 + tile_row]);
+    }
+    // As in the online softmax: a row that saw no key subtracts 0, so its weights stay 0
+    // rather than NaN, while a NaN sum still poisons the row.
+    const float shift = largest == -INFINITY ? 0.f : largest;
+    float total = 0.f, first_value = 0.f, second_value = 0.f;
+    for (int ph = 0; ph < phases; ++ph) {
+      const int state_row = (first_warp + ph * row_tiles) * 16 + tile_row;
+      const float weight = fast_exp2(state_max[state_row] - shift);
+      const float* out_row = state_out + state_row * Cfg::kStatePitch + col;
+      total += weight * state_sum[state_row];
+      first_value += weight * out_row[0];
+      second_value += weight * out_row[1];
+    }
+    const float inverse = total == 0.f ? 0.f : 1.f / total;
+    const float lse = total == 0.f ? -INFINITY : (largest + log2f(total)) * kLn2;
+    const int64_t head_q = head_kv * p.group + row / p.seqlen_q;
+    const int64_t query = row % p.seqlen_q;
+    if (p.parts == 1) {
+      Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride +
+                     head_q * p.o_head_stride + query * p.o_row_stride + col;
+      store_pair(out, first_value * inverse, second_value * inverse);
+      if (col == 0 && p.lse != nullptr) p.lse[(b * heads_q + head_q) * p.seqlen_q + query] = lse;
+    } else {
+      const int64_t part_row =
+          chunk * p.workspace_rows + (b * heads_q + head_q) * p.seqlen_q + query;
+      store_pair(p.part_out + part_row * kHeadDim + col, first_value * inverse,
+                 second_value * inverse);
+      if (col == 0) p.part_lse[part_row] = lse;
+    }
+  }
+}
+
+// sm80+ only (cp.async, bf16 mma); an older build traps instead of silently writing nothing.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(detail::kDecodeThreads)
+    decode_kernel(const __grid_constant__ detail::DecodeKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  decode_block<Element, kHeadDim>(p);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace samattn::tensor_core
