@@ -24,6 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention/key_split.h"
+#include "common/host_device.h"
 #include "samattn/attention.h"
 
 namespace samattn::detail {
@@ -62,6 +63,55 @@ struct DecodeKernelParams {
   int64_t right_edge;  // -1: none; else query t sees keys j <= t + right_edge
   float scale_log2;    // softmax scale * log2(e)
 };
+
+// Chunk `chunk` of a block: its keys [begin, end), and, relative to begin, the keys some row
+// sees (any_end: the last query's right edge) and that every row sees (all_end: the first
+// query's); either may be <= 0. tiles: the 64-key tiles that cover [0, any_end).
+struct DecodeChunk {
+  int64_t begin, end, any_end, all_end, tiles;
+};
+
+SAMATTN_HOST_DEVICE int64_t decode_min(int64_t a, int64_t b) { return a < b ? a : b; }
+
+SAMATTN_HOST_DEVICE DecodeChunk decode_chunk(const DecodeKernelParams& p, int64_t chunk) {
+  DecodeChunk c;
+  c.begin = chunk * p.chunk_keys;
+  c.end = decode_min(p.seqlen_k, c.begin + p.chunk_keys);
+  c.any_end = c.end - c.begin;
+  c.all_end = c.any_end;
+  if (p.right_edge >= 0) {
+    c.any_end = decode_min(c.any_end, p.seqlen_q + p.right_edge - c.begin);
+    c.all_end = decode_min(c.all_end, p.right_edge + 1 - c.begin);
+  }
+  c.tiles = c.any_end > 0 ? (c.any_end + kDecodeBlockN - 1) / kDecodeBlockN : 0;
+  return c;
+}
+
+// Keys of the chunk that query row `row` (query row % seqlen_q) sees, relative to its begin;
+// rows past the block's `rows` (padding of the last mma tile) get the chunk's end.
+SAMATTN_HOST_DEVICE int64_t decode_row_end(const DecodeKernelParams& p, const DecodeChunk& c,
+                                           int row, int rows) {
+  const int64_t end = c.end - c.begin;
+  if (p.right_edge < 0 || row >= rows) return end;
+  return decode_min(end, row % p.seqlen_q + p.right_edge + 1 - c.begin);
+}
+
+// What warp `warp` of `warps` computes for a block of `rows` query rows: 16-row mma tile
+// row_tile, over the 16-key slices phase, phase + phases, ... of each tile; a warp whose phase
+// is >= phases only helps load.
+struct DecodeWarpRole {
+  int row_tiles, phases, row_tile, phase;
+  SAMATTN_HOST_DEVICE bool computes() const { return phase < phases; }
+};
+
+SAMATTN_HOST_DEVICE DecodeWarpRole decode_warp_role(int rows, int warp, int warps) {
+  DecodeWarpRole role;
+  role.row_tiles = (rows + 15) / 16;
+  role.phases = warps / role.row_tiles;
+  role.row_tile = warp % role.row_tiles;
+  role.phase = warp / role.row_tiles;
+  return role;
+}
 
 // Whether the decoding kernel takes `params` (validated), before any device query; otherwise the
 // message says why.

@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include "attention/decode.h"
 #include "attention/key_split.h"
 #include "test_support.h"
 
@@ -351,124 +350,6 @@ void check_split_equals_whole(const SplitCase& c) {
           << "row " << row << " column " << d;
     }
   }
-}
-
-// The decoding kernel's calls (attention/decode.h): float16/bfloat16, head dims 64 and 128,
-// kv_stride 1, no causal, no mask option but a right edge, at most 64 rows per kv head.
-TEST(DecodePlan, TakesOnlyItsCalls) {
-  AttentionParams p = decode_params(2, 32, 1, 4096, 0);
-  p.heads_kv = 8;
-  EXPECT_TRUE(detail::decode_kernel_takes(p).ok()) << detail::decode_kernel_takes(p).message();
-  const auto declined = [](AttentionParams changed, const char* named) {
-    const Status status = detail::decode_kernel_takes(changed);
-    EXPECT_FALSE(status.ok()) << named;
-    EXPECT_NE(status.message().find(named), std::string::npos) << status.message();
-  };
-  AttentionParams q = p;
-  q.dtype = DType::kFloat32;
-  declined(q, "dtype float32");
-  q = p;
-  q.head_dim = q.head_dim_v = 96;
-  declined(q, "head_dim 96");
-  q = p;
-  q.head_dim_v = 64;
-  declined(q, "head_dim_v 64");
-  q = p;
-  q.kv_stride = 2;
-  declined(q, "kv_stride 2");
-  q = p;
-  q.causal = true;
-  declined(q, "causal");
-  q = p;
-  q.mask.window_left = 100;
-  declined(q, "mask options");
-  q = p;
-  q.mask.causal_lower_right = true;
-  declined(q, "mask options");
-  q = p;
-  q.seqlen_q = 17;  // 4 query heads per kv head: 68 rows
-  declined(q, "68 rows");
-  q.seqlen_q = 16;  // 64 rows
-  EXPECT_TRUE(detail::decode_kernel_takes(q).ok());
-  q = p;
-  q.seqlen_q = 5;
-  q.mask.window_right = 4091;  // bottom-right causal drafts
-  EXPECT_TRUE(detail::decode_kernel_takes(q).ok());
-  q = p;
-  q.batch = 70000;
-  declined(q, "batch 70000");
-}
-
-TEST(DecodePlan, ChunksCoverTheVisibleKeysOnce) {
-  for (int64_t keys : {1, 37, 64, 65, 1000, 4096, 20000, 100000}) {
-    for (int64_t splits : {0, 2, 3, 7, 64, 1000}) {
-      for (int64_t right_edge : {int64_t{-1}, int64_t{0}, int64_t{62}, keys - 1}) {
-        AttentionParams p = decode_params(1, 8, 1, keys, splits);
-        p.mask.window_right = right_edge;
-        const KeySplit split = detail::plan_decode(p, 264);
-        SCOPED_TRACE(::testing::Message() << "keys " << keys << " num_splits " << splits
-                                          << " right edge " << right_edge);
-        const int64_t visible = right_edge < 0 ? keys : std::min(keys, 1 + right_edge);
-        EXPECT_TRUE(split.on_decode_kernel);
-        ASSERT_GE(split.parts(), 1);
-        EXPECT_EQ(split.chunk_keys % detail::kDecodeBlockN, 0);
-        EXPECT_EQ(split.full_chunks * split.chunk_keys + split.tail_keys, visible);
-        EXPECT_LT(split.tail_keys, split.chunk_keys);
-        EXPECT_LE(split.parts(), 128);
-        if (splits > 1) EXPECT_LE(split.parts(), splits);
-        EXPECT_EQ(detail::split_needs_workspace(split), split.parts() > 1);
-      }
-    }
-  }
-}
-
-TEST(DecodePlan, AutomaticChunksFillTheResidentBlocksInOneLaunch) {
-  // B = 1, 8 kv heads, 16k keys, 264 resident blocks: 33 chunks asked, 256 tiles of 64 keys
-  // in chunks of 8 tiles: 32 chunks, 256 blocks.
-  AttentionParams p = decode_params(1, 32, 1, 16384, 0);
-  p.heads_kv = 8;
-  KeySplit split = detail::plan_decode(p, 264);
-  EXPECT_EQ(split.chunk_keys, 512);
-  EXPECT_EQ(split.parts(), 32);
-  // B = 4 with (B, S, H, D) caches: still one launch (the batch is the grid's third index).
-  p.batch = 4;
-  split = detail::plan_decode(p, 264);
-  EXPECT_EQ(split.parts(), 9);  // ceil(264 / 32) = 9 chunks of ceil(256 / 9) = 29 tiles
-  // Blocks that already fill the device: one chunk, written directly.
-  p.batch = 64;
-  p.seqlen_k = 2048;
-  split = detail::plan_decode(p, 264);
-  EXPECT_EQ(split.parts(), 1);
-  EXPECT_FALSE(detail::split_needs_workspace(split));
-}
-
-TEST(DecodePlan, KernelParametersMapRowsToHeadsAndQueries) {
-  AttentionParams p = decode_params(2, 32, 5, 3000, 4);
-  p.heads_kv = 8;
-  p.mask.window_right = 2995;
-  p.softmax_scale = 0.5;
-  const KeySplit split = detail::plan_decode(p, 264);
-  ASSERT_EQ(split.parts(), 4);
-  std::vector<float> out(1), lse(1);
-  const detail::DecodeKernelParams k =
-      detail::make_decode_kernel_params(p, split, {out.data(), lse.data()});
-  EXPECT_EQ(k.group, 4);
-  EXPECT_EQ(k.seqlen_q, 5);
-  EXPECT_EQ(k.right_edge, 2995);
-  EXPECT_EQ(k.chunk_keys, split.chunk_keys);
-  EXPECT_EQ(k.parts, 4);
-  EXPECT_EQ(k.part_out, out.data());
-  EXPECT_EQ(k.part_lse, lse.data());
-  EXPECT_EQ(k.workspace_rows, 2 * 32 * 5);
-  EXPECT_FLOAT_EQ(k.scale_log2, static_cast<float>(0.5 * M_LOG2E));
-  p.mask.window_right = -1;
-  p.num_splits = 0;
-  p.batch = 1000;
-  const KeySplit one = detail::plan_decode(p, 264);
-  ASSERT_EQ(one.parts(), 1);
-  const detail::DecodeKernelParams direct = detail::make_decode_kernel_params(p, one, {});
-  EXPECT_EQ(direct.right_edge, -1);
-  EXPECT_EQ(direct.part_out, nullptr) << "one chunk writes the output itself";
 }
 
 TEST(KeySplit, ChunksMergedEqualTheWholeCall) {

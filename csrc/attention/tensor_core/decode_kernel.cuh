@@ -68,27 +68,19 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   Element* q_tile = reinterpret_cast<Element*>(shared_bytes);  // (kMaxRows, kStride)
   Element* stages = q_tile + Cfg::kMaxRows * kStride;          // per stage: K tile, V tile
 
-  const int64_t chunk = blockIdx.x;
   const int64_t head_kv = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int rows = static_cast<int>(p.group * p.seqlen_q);
-  const int64_t chunk_begin = chunk * p.chunk_keys;
-  const int64_t chunk_end = min(p.seqlen_k, chunk_begin + p.chunk_keys);
-  // Keys of the chunk that any row sees (the last query's edge) and that every row sees (the
-  // first query's), relative to the chunk; either may be <= 0.
-  int64_t any_end = chunk_end - chunk_begin;
-  int64_t all_end = any_end;
-  if (p.right_edge >= 0) {
-    any_end = min(any_end, p.seqlen_q + p.right_edge - chunk_begin);
-    all_end = min(all_end, p.right_edge + 1 - chunk_begin);
-  }
-  const int64_t n_tiles = any_end > 0 ? (any_end + kBlockN - 1) / kBlockN : 0;
+  const detail::DecodeChunk chunk = detail::decode_chunk(p, blockIdx.x);
+  const int64_t any_end = chunk.any_end;
+  const int64_t all_end = chunk.all_end;
+  const int64_t n_tiles = chunk.tiles;
 
   const auto* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
   const auto* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
-                  head_kv * p.k_head_stride + chunk_begin * p.k_row_stride;
+                  head_kv * p.k_head_stride + chunk.begin * p.k_row_stride;
   const auto* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
-                  head_kv * p.v_head_stride + chunk_begin * p.v_row_stride;
+                  head_kv * p.v_head_stride + chunk.begin * p.v_row_stride;
 
   // Query rows: 16-byte copies with each row's own address; rows past `rows` are zeros.
   for (int i = static_cast<int>(threadIdx.x); i < Cfg::kMaxRows * Cfg::kChunksPerRow;
@@ -114,21 +106,18 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int row_tiles = (rows + 15) / 16;
-  const int phases = Cfg::kWarps / row_tiles;
-  const int row_tile = warp % row_tiles;
-  const int phase = warp / row_tiles;
-  const bool computes = phase < phases;
+  const detail::DecodeWarpRole role = detail::decode_warp_role(rows, warp, Cfg::kWarps);
+  const int row_tiles = role.row_tiles;
+  const int phases = role.phases;
+  const int row_tile = role.row_tile;
+  const int phase = role.phase;
+  const bool computes = role.computes();
 
-  // The lane's rows row_tile * 16 + lane / 4 (+ 8): keys of the chunk each sees (relative).
+  // The keys of the chunk the lane's rows row_tile * 16 + lane / 4 (+ 8) see.
   int64_t row_end[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = row_tile * 16 + lane / 4 + 8 * i;
-    row_end[i] = chunk_end - chunk_begin;
-    if (p.right_edge >= 0 && row < rows) {
-      row_end[i] = min(row_end[i], row % p.seqlen_q + p.right_edge + 1 - chunk_begin);
-    }
+    row_end[i] = detail::decode_row_end(p, chunk, row_tile * 16 + lane / 4 + 8 * i, rows);
   }
   const uint32_t q_lane =
       shared_address(q_tile + row_tile * 16 * kStride + q_lane_offset<Element, kStride>(lane));
@@ -233,7 +222,7 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
       if (col == 0 && p.lse != nullptr) p.lse[(b * heads_q + head_q) * p.seqlen_q + query] = lse;
     } else {
       const int64_t part_row =
-          chunk * p.workspace_rows + (b * heads_q + head_q) * p.seqlen_q + query;
+          int64_t{blockIdx.x} * p.workspace_rows + (b * heads_q + head_q) * p.seqlen_q + query;
       store_pair(p.part_out + part_row * kHeadDim + col, first_value * inverse,
                  second_value * inverse);
       if (col == 0) p.part_lse[part_row] = lse;
