@@ -56,6 +56,11 @@ SHAPES = [
     ((2, 2, 1, 70, 2000, 128), "bhsd", 3),
     ((1, 2, 2, 1, 129, 32), "bhsd", 1),
     ((1, 2, 1, 3, 1500, 256), "bshd", 1),
+    # The decoding kernel's row tiles: 64 rows (MQA, 2 queries), 48 rows, 8 rows of a
+    # (B, S, H, D) cache with more batch entries.
+    ((1, 32, 1, 2, 2000, 64), "bshd", 1),
+    ((2, 16, 2, 6, 999, 128), "bhsd", 1),
+    ((6, 32, 4, 1, 1500, 128), "bshd", 1),
 ]
 
 
