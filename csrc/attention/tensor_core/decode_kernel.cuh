@@ -45,12 +45,11 @@ struct DecodeConfig {
                 "tile layout");
 };
 
-// Query row r's first element in q (or out): query head h * group + r / seqlen_q, query
-// r % seqlen_q.
+// Query row r's first element in q (or out): query head h * group + r / queries, query
+// r % queries (queries = seqlen_q <= 64: 32-bit division).
 __device__ __forceinline__ int64_t decode_row_offset(const detail::DecodeKernelParams& p,
-                                                     int64_t head_kv, int row, int64_t head_stride,
-                                                     int64_t row_stride) {
-  const int64_t queries = p.seqlen_q;
+                                                     int64_t head_kv, int row, int queries,
+                                                     int64_t head_stride, int64_t row_stride) {
   return (head_kv * p.group + row / queries) * head_stride + (row % queries) * row_stride;
 }
 
@@ -70,7 +69,8 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
 
   const int64_t head_kv = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int rows = static_cast<int>(p.group * p.seqlen_q);
+  const int queries = static_cast<int>(p.seqlen_q);
+  const int rows = static_cast<int>(p.group) * queries;
   const detail::DecodeChunk chunk = detail::decode_chunk(p, blockIdx.x);
   const int64_t any_end = chunk.any_end;
   const int64_t all_end = chunk.all_end;
@@ -89,7 +89,9 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
     const int col = i % Cfg::kChunksPerRow * Cfg::kChunkElems;
     const bool valid = row < rows;
     const Element* from =
-        valid ? q + decode_row_offset(p, head_kv, row, p.q_head_stride, p.q_row_stride) + col : q;
+        valid
+            ? q + decode_row_offset(p, head_kv, row, queries, p.q_head_stride, p.q_row_stride) + col
+            : q;
     cp_async_16(shared_address(q_tile + row * kStride + col), from, valid);
   }
   const auto load_stage = [&](int64_t tile) {
@@ -213,16 +215,17 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
     }
     const float inverse = total == 0.f ? 0.f : 1.f / total;
     const float lse = total == 0.f ? -INFINITY : (largest + log2f(total)) * kLn2;
-    const int64_t head_q = head_kv * p.group + row / p.seqlen_q;
-    const int64_t query = row % p.seqlen_q;
+    const int64_t head_q = head_kv * p.group + row / queries;
+    const int query = row % queries;
     if (p.parts == 1) {
       Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride +
-                     head_q * p.o_head_stride + query * p.o_row_stride + col;
+                     decode_row_offset(p, head_kv, row, queries, p.o_head_stride, p.o_row_stride) +
+                     col;
       store_pair(out, first_value * inverse, second_value * inverse);
-      if (col == 0 && p.lse != nullptr) p.lse[(b * heads_q + head_q) * p.seqlen_q + query] = lse;
+      if (col == 0 && p.lse != nullptr) p.lse[(b * heads_q + head_q) * queries + query] = lse;
     } else {
       const int64_t part_row =
-          int64_t{blockIdx.x} * p.workspace_rows + (b * heads_q + head_q) * p.seqlen_q + query;
+          int64_t{blockIdx.x} * p.workspace_rows + (b * heads_q + head_q) * queries + query;
       store_pair(p.part_out + part_row * kHeadDim + col, first_value * inverse,
                  second_value * inverse);
       if (col == 0) p.part_lse[part_row] = lse;
