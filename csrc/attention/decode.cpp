@@ -44,9 +44,12 @@ Status decode_kernel_takes(const AttentionParams& p) {
   }
   if (p.kv_stride != 1) return declined(concat("kv_stride ", p.kv_stride, " (1)"));
   const MaskOptions& m = p.mask;
-  if (p.causal || m.causal_lower_right || m.has_element_mask() || m.has_block_map() ||
-      m.is_varlen() || m.pattern != SparsePattern::kNone || m.window_left >= 0) {
-    return declined("causal or mask options other than a window's right edge");
+  if (p.causal || m.causal_lower_right || m.has_block_map() || m.is_varlen() ||
+      m.pattern != SparsePattern::kNone || m.window_left >= 0) {
+    return declined("causal or mask options other than a window's right edge and attn_mask");
+  }
+  if (m.has_element_mask() && (m.head_stride != 0 || (m.row_stride != 0 && p.seqlen_q > 1))) {
+    return declined("an attn_mask that varies over heads or query rows (a key mask only)");
   }
   const int64_t rows = p.heads_q / p.heads_kv * p.seqlen_q;
   if (rows > kDecodeMaxRows) {
@@ -120,6 +123,10 @@ DecodeKernelParams make_decode_kernel_params(const AttentionParams& p, const Key
   k.chunk_keys = split.chunk_keys;
   k.right_edge = p.mask.window_right >= 0 ? p.mask.window_right : -1;
   k.scale_log2 = static_cast<float>(resolved_softmax_scale(p) * M_LOG2E);
+  k.mask = p.mask.data;
+  k.mask_dtype = p.mask.dtype;
+  k.mask_batch_stride = p.mask.batch_stride;
+  k.mask_col_stride = p.mask.col_stride;
   return k;
 }
 

@@ -16,7 +16,9 @@
 //    merge (key_split_merge.cu) combines.
 // Calls it takes: float16/bfloat16, head dims 64 and 128, kv_stride 1, no causal, no mask
 // options but a window's right edge r (query t sees keys j <= t + r: bottom-right causal, new
-// tokens against a cache), 16-byte aligned rows (the tensor-core path's alignment).
+// tokens against a cache) and an attn_mask that is the same for every head and query (a padded
+// batch's key mask, (B|1, 1, 1, Sk), or any broadcast over heads with one query), 16-byte aligned
+// rows (the tensor-core path's alignment).
 #pragma once
 
 #include <cstdint>
@@ -36,11 +38,15 @@ inline constexpr int64_t kDecodeMaxRows = 64;  // query rows per kv head: 4 mma 
 inline constexpr int kDecodeHeadDims[] = {64, 128};
 
 // Shared memory of a block: the query rows, then the stages' K and V tiles, rows padded by 16
-// bytes (the tensor-core tiles' conflict-free pitch). The warps' final states overlay the stages.
+// bytes (the tensor-core tiles' conflict-free pitch), then one tile's key-mask terms (fp32). The
+// warps' final states overlay the stages.
 constexpr int decode_row_pitch(int head_dim) { return head_dim + 8; }  // 16-bit elements
-constexpr int decode_smem_bytes(int head_dim) {
+constexpr int decode_tiles_bytes(int head_dim) {
   return static_cast<int>(kDecodeMaxRows + 2 * kDecodeStages * kDecodeBlockN) *
          decode_row_pitch(head_dim) * 2;
+}
+constexpr int decode_smem_bytes(int head_dim) {
+  return decode_tiles_bytes(head_dim) + kDecodeBlockN * 4;
 }
 
 struct DecodeKernelParams {
@@ -62,6 +68,11 @@ struct DecodeKernelParams {
   int64_t chunk_keys, parts;
   int64_t right_edge;  // -1: none; else query t sees keys j <= t + right_edge
   float scale_log2;    // softmax scale * log2(e)
+  // A key mask (attn_mask the same for every head and query row, as a padded batch's), or
+  // null: key j of batch entry b at mask + b * mask_batch_stride + j * mask_col_stride.
+  const void* mask;
+  MaskDType mask_dtype;
+  int64_t mask_batch_stride, mask_col_stride;
 };
 
 // Chunk `chunk` of a block: its keys [begin, end), and, relative to begin, the keys some row

@@ -77,6 +77,20 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
   q = p;
   q.batch = 70000;
   declined(q, "batch 70000");
+  // attn_mask: a key mask only, the same for every head and query row.
+  const unsigned char keep[1] = {1};
+  q = p;
+  q.mask.data = keep;
+  q.mask.batch_stride = 4096;
+  q.mask.col_stride = 1;
+  EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "a padded batch's (B, 1, 1, Sk) mask";
+  q.mask.row_stride = 4096;
+  EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "one query: its row stride is unused";
+  q.seqlen_q = 2;
+  declined(q, "varies over heads or query rows");
+  q.seqlen_q = 1;
+  q.mask.head_stride = 4096;
+  declined(q, "varies over heads or query rows");
 }
 
 TEST(DecodePlan, ChunksCoverTheVisibleKeysOnce) {

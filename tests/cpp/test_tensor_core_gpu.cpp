@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,9 @@ struct Emulated {
 // multiplies V, the row sum over the unrounded P, the output rounded to the input type. Scores
 // of rounded operands are exact in double.
 // window_right >= 0: also a window's right edge (query i sees positions j <= i + window_right).
-Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1) {
+// key_terms: a key mask's additive terms (natural log, -inf hides), (batch, seqlen_k).
+Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
+                                 const std::vector<double>* key_terms = nullptr) {
   const AttentionParams& p = pb.params;
   const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -95,7 +98,7 @@ Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1) {
           if (!visible(j)) continue;
           double dot = 0;
           for (int64_t d = 0; d < qk_dim; ++d) dot += q[i * qk_dim + d] * k[j * qk_dim + d];
-          scores[j] = dot * scale;
+          scores[j] = dot * scale + (key_terms ? (*key_terms)[b * p.seqlen_k + j] : 0.0);
           if (std::isnan(scores[j]) || scores[j] > row_max) row_max = scores[j];
         }
         std::fill(accum.begin(), accum.end(), 0.0);
@@ -232,8 +235,13 @@ TEST_P(TensorCoreGpu, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases()), case_name);
 
+// Key masks of the split tests, (B, 1, 1, Sk): none; bool padding (a length per batch entry,
+// the second entry's 0: rows that see no key); float32 terms in [-2, 2] with every 7th key -inf;
+// terms in the inputs' dtype.
+enum class KeyMask { kNone, kBoolPadding, kFloat32, kInputDType };
+
 // A split call: num_splits, a window's right edge (bottom-right causal: seqlen_k - seqlen_q),
-// and optionally the output in (B, S, H, D) storage.
+// optionally the output in (B, S, H, D) storage and a key mask.
 struct SplitScenario {
   const char* name;
   Shape shape;
@@ -241,7 +249,38 @@ struct SplitScenario {
   int64_t kv_stride, num_splits;
   int64_t window_right = -1;
   bool out_seq_major = false;
+  KeyMask key_mask = KeyMask::kNone;
 };
+
+// The key mask of `kind` for `p` in `host` (its dtype's bytes) and its additive terms.
+MaskDType make_key_mask(const AttentionParams& p, KeyMask kind, std::vector<unsigned char>& host,
+                        std::vector<double>& terms) {
+  const int64_t count = p.batch * p.seqlen_k;
+  terms.assign(count, 0.0);
+  if (kind == KeyMask::kBoolPadding) {
+    host.assign(count, 0);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t length = b == 1 ? 0 : p.seqlen_k / 3 + b * 97 % (p.seqlen_k / 2 + 1) + 1;
+      for (int64_t j = 0; j < p.seqlen_k; ++j) {
+        host[b * p.seqlen_k + j] = j < length;
+        if (j >= length) terms[b * p.seqlen_k + j] = -INFINITY;
+      }
+    }
+    return MaskDType::kBool;
+  }
+  const DType dtype = kind == KeyMask::kFloat32 ? DType::kFloat32 : p.dtype;
+  HostTensor values(dtype, count);
+  std::mt19937_64 engine(41);
+  std::uniform_real_distribution<double> uniform(-2.0, 2.0);
+  for (int64_t i = 0; i < count; ++i) {
+    values.set(i, i % 7 == 3 ? -INFINITY : uniform(engine));
+    terms[i] = values.get(i);
+  }
+  host = values.bytes;
+  return dtype == DType::kFloat32   ? MaskDType::kFloat32
+         : dtype == DType::kFloat16 ? MaskDType::kFloat16
+                                    : MaskDType::kBFloat16;
+}
 
 // Runs `sc` split (the chunks on the decoding kernel exactly when `decoding`) and checks the
 // output against the unsplit kernel's bound and lse against the fp64 reference.
@@ -255,9 +294,26 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
     pb.params.out_strides = {s.seqlen_q * s.heads_q * s.head_dim_v, s.head_dim_v,
                              s.heads_q * s.head_dim_v};
   }
+  std::vector<unsigned char> mask_bytes;
+  std::vector<double> key_terms;
+  if (sc.key_mask != KeyMask::kNone) {
+    MaskOptions& m = pb.params.mask;
+    m.dtype = make_key_mask(pb.params, sc.key_mask, mask_bytes, key_terms);
+    m.data = mask_bytes.data();
+    m.batch_stride = pb.params.seqlen_k;
+    m.head_stride = m.row_stride = 0;
+    m.col_stride = 1;
+  }
   const HostTensor expected = pb.reference(/*with_lse=*/true);
-  const Emulated emulated = low_precision_reference(pb, sc.window_right);
+  const Emulated emulated = low_precision_reference(
+      pb, sc.window_right, sc.key_mask != KeyMask::kNone ? &key_terms : nullptr);
   DeviceProblem dp(pb);
+  DeviceBuffer mask(mask_bytes.size());
+  if (!mask_bytes.empty()) {
+    ASSERT_EQ(cudaMemcpy(mask.get(), mask_bytes.data(), mask_bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    dp.pb.params.mask.data = mask.get();
+  }
   AttentionParams p = dp.pb.params;
   p.num_splits = sc.num_splits;
   const detail::KeySplit split = detail::key_split_for(p);
@@ -280,7 +336,11 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
   std::vector<float> lse32(rows);
   lse.download(lse32.data());
   for (int64_t i = 0; i < rows; ++i) {
-    EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+    if (std::isinf(pb.lse[i])) {
+      EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+    }
   }
 }
 
@@ -324,6 +384,32 @@ TEST(DecodeKernelGpu, MatchesReference) {
       {"one_key", {1, 2, 2, 1, 1, 64, 64}, true, 1, 0},
       {"more_chunks_asked_than_tiles", {4, 8, 8, 1, 777, 128, 128}, true, 1, 1000000},
       {"many_chunks", {1, 2, 1, 1, 20000, 64, 64}, false, 1, 1000},
+      // Key masks: a padded batch (one entry all padding), float32 and input-dtype terms.
+      {"padded_batch_gqa",
+       {4, 8, 2, 1, 3000, 128, 128},
+       true,
+       1,
+       0,
+       -1,
+       false,
+       KeyMask::kBoolPadding},
+      {"padded_drafts_lower_right",
+       {3, 8, 2, 5, 1000, 64, 64},
+       true,
+       1,
+       4,
+       995,
+       false,
+       KeyMask::kBoolPadding},
+      {"float32_terms", {2, 4, 1, 1, 777, 128, 128}, false, 1, 3, -1, false, KeyMask::kFloat32},
+      {"input_dtype_terms_one_chunk",
+       {2, 4, 4, 1, 100, 64, 64},
+       false,
+       1,
+       0,
+       -1,
+       false,
+       KeyMask::kInputDType},
   };
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, true);

@@ -11,6 +11,9 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "attention/decode.h"
 #include "attention/tensor_core/mma.cuh"
 #include "attention/tensor_core/online_softmax.cuh"
@@ -40,9 +43,10 @@ struct DecodeConfig {
   static_assert((kStride * 2 / 16) % 2 == 1, "row pitch must be odd in 16 bytes");
   static_assert(kStateFloats * 4 <= 2 * detail::kDecodeStages * kTileElems * 2,
                 "the final states fit over the stages");
-  static_assert(detail::decode_smem_bytes(kHeadDim) ==
+  static_assert(detail::decode_tiles_bytes(kHeadDim) ==
                     (kMaxRows + 2 * detail::kDecodeStages * kBlockN) * kStride * 2,
                 "tile layout");
+  static_assert(detail::decode_tiles_bytes(kHeadDim) % 16 == 0, "the mask terms are float2-read");
 };
 
 // Query row r's first element in q (or out): query head h * group + r / queries, query
@@ -51,6 +55,59 @@ __device__ __forceinline__ int64_t decode_row_offset(const detail::DecodeKernelP
                                                      int64_t head_kv, int row, int queries,
                                                      int64_t head_stride, int64_t row_stride) {
   return (head_kv * p.group + row / queries) * head_stride + (row % queries) * row_stride;
+}
+
+// A key mask's entry for (batch entry b, key) as raw bits, converted only when stored, so the
+// load stays in flight for an iteration.
+__device__ __forceinline__ uint64_t load_mask_bits(const detail::DecodeKernelParams& p, int64_t b,
+                                                   int64_t key) {
+  const int64_t offset = b * p.mask_batch_stride + key * p.mask_col_stride;
+  switch (p.mask_dtype) {
+    case MaskDType::kBool:
+      return static_cast<const unsigned char*>(p.mask)[offset];
+    case MaskDType::kFloat64:
+      return static_cast<const unsigned long long*>(p.mask)[offset];
+    case MaskDType::kFloat32:
+      return static_cast<const uint32_t*>(p.mask)[offset];
+    case MaskDType::kFloat16:
+    case MaskDType::kBFloat16:
+      return static_cast<const uint16_t*>(p.mask)[offset];
+  }
+  return 0;
+}
+
+// The additive term of those bits in the log2 domain: 0 or -inf for a boolean mask, value *
+// log2(e) for a float one (the other kernels' element_mask_log2).
+__device__ __forceinline__ float mask_term_log2(MaskDType dtype, uint64_t bits) {
+  constexpr double kLog2e = 1.4426950408889634;
+  switch (dtype) {
+    case MaskDType::kBool:
+      return bits != 0 ? 0.f : -INFINITY;
+    case MaskDType::kFloat64:
+      return static_cast<float>(__longlong_as_double(static_cast<long long>(bits)) * kLog2e);
+    case MaskDType::kFloat32:
+      return __uint_as_float(static_cast<uint32_t>(bits)) * static_cast<float>(kLog2e);
+    case MaskDType::kFloat16:
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits))) *
+             static_cast<float>(kLog2e);
+    case MaskDType::kBFloat16:
+      return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(bits))) *
+             static_cast<float>(kLog2e);
+  }
+  return 0.f;
+}
+
+// Adds the key-mask terms of a 16-key slice to the warp's scores (the lane's keys
+// 2 * (lane % 4) + {0, 1} of each 8-key tile, the same for both of its rows).
+__device__ __forceinline__ void add_key_terms(float (&s)[1][2][4], const float* terms, int lane) {
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const float2 pair = *reinterpret_cast<const float2*>(terms + t * 8 + 2 * (lane % 4));
+    s[0][t][0] += pair.x;
+    s[0][t][1] += pair.y;
+    s[0][t][2] += pair.x;
+    s[0][t][3] += pair.y;
+  }
 }
 
 template <typename Element, int kHeadDim>
@@ -106,6 +163,22 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   if (n_tiles > 0) load_stage(0);
   cp_async_commit();
 
+  // A key mask: thread i < kBlockN moves key i of each tile into mask_terms (one tile, written
+  // before the barrier that opens the tile; the previous tile's readers passed the one that
+  // closed theirs), its load issued an iteration ahead.
+  float* mask_terms = reinterpret_cast<float*>(shared_bytes + detail::decode_tiles_bytes(kHeadDim));
+  const bool key_mask = p.mask != nullptr;
+  const int mask_key = static_cast<int>(threadIdx.x);
+  const bool moves_mask = key_mask && mask_key < kBlockN;
+  uint64_t mask_bits = 0;
+  bool mask_key_exists = false;
+  const auto load_mask = [&](int64_t tile) {
+    const int64_t key = tile * kBlockN + mask_key;
+    mask_key_exists = key < any_end;
+    if (mask_key_exists) mask_bits = load_mask_bits(p, b, chunk.begin + key);
+  };
+  if (moves_mask && n_tiles > 0) load_mask(0);
+
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const detail::DecodeWarpRole role = detail::decode_warp_role(rows, warp, Cfg::kWarps);
@@ -135,6 +208,10 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   for (int64_t tile = 0; tile < n_tiles; ++tile) {
     if (tile + 1 < n_tiles) load_stage(tile + 1);
     cp_async_commit();
+    if (moves_mask) {
+      mask_terms[mask_key] = mask_key_exists ? mask_term_log2(p.mask_dtype, mask_bits) : 0.f;
+      if (tile + 1 < n_tiles) load_mask(tile + 1);
+    }
     cp_async_wait<1>();  // this tile (and the query rows) landed ...
     __syncthreads();     // ... for every thread
     if (computes) {
@@ -152,6 +229,7 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
           key_limit[i] = static_cast<int>(max(int64_t{-1}, min(row_end[i] - first, int64_t{16})));
         }
         scale_and_mask(s, p.scale_log2, first + Cfg::kSliceKeys > all_end, key_limit, lane);
+        if (key_mask) add_key_terms(s, mask_terms + slice * Cfg::kSliceKeys, lane);
         float rescale[2];
         softmax.update(s, rescale);
 #pragma unroll

@@ -73,8 +73,9 @@ struct AttentionParams {
   // batches' masks), and only with the workspace below (without it the call runs as it would
   // with 1); any other call runs as it would with 1. Calls with at most 64 query rows per kv
   // head (query heads per kv head x seqlen_q), head dim 64 or 128, kv_stride 1 and no element
-  // mask run on a kernel shaped for decoding instead, which with num_splits 0 also runs
-  // unsplit, without workspace, where the (batch, kv head) pairs already fill the device.
+  // mask but a key mask (the same for every head and query: a padded batch's) run on a kernel
+  // shaped for decoding instead, which with num_splits 0 also runs unsplit, without workspace,
+  // where the (batch, kv head) pairs already fill the device.
   int64_t num_splits = 1;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
