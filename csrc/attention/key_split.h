@@ -119,26 +119,50 @@ struct SplitLaunch {
 std::vector<SplitLaunch> key_split_launches(const AttentionParams& params, const KeySplit& split,
                                             const PriorPart& workspace);
 
-// The merge of one row's chunks (see the top of this file), shared by the kernel and the host
-// tests. `lse` points at the row's lse in chunk 0, consecutive chunks `chunk_stride` apart.
+// The merge of one row's chunks (see the top of this file), in pieces the merge kernel runs in
+// parallel and the host tests in order. A NaN lse (a chunk whose scores held a NaN) makes the
+// row's lse and output NaN; a row that sees no key in any chunk gets -inf and 0.
+
+// The larger of two lse, NaN if either is.
+SAMATTN_HOST_DEVICE float merge_max(float a, float b) {
+  return (a != a || b != b) ? NAN : fmaxf(a, b);
+}
+
+// A chunk's share of the row's sum, given the chunks' largest lse.
+SAMATTN_HOST_DEVICE float chunk_term(float lse, float largest) {
+  return largest == -INFINITY ? 0.f : expf(lse - largest);
+}
+
+// The row's lse from the chunks' largest lse and the sum of their chunk_term.
+SAMATTN_HOST_DEVICE float merged_from(float largest, float sum) {
+  return largest == -INFINITY ? -INFINITY : largest + logf(sum);
+}
+
+// A chunk's weight in the row's output, exp(lse_c - merged) (0 where the row sees no key).
+SAMATTN_HOST_DEVICE float chunk_weight(float lse, float merged) {
+  return merged == -INFINITY ? 0.f : expf(lse - merged);
+}
+
+// The whole merge of one row: `lse` points at the row's lse in chunk 0, consecutive chunks
+// `chunk_stride` apart.
 SAMATTN_HOST_DEVICE float merged_lse(const float* lse, int64_t parts, int64_t chunk_stride) {
   float largest = -INFINITY;
-  for (int64_t c = 0; c < parts; ++c) largest = fmaxf(largest, lse[c * chunk_stride]);
-  if (largest == -INFINITY) return -INFINITY;  // the row sees no key in any chunk
+  for (int64_t c = 0; c < parts; ++c) largest = merge_max(largest, lse[c * chunk_stride]);
   float sum = 0.f;
-  for (int64_t c = 0; c < parts; ++c) sum += expf(lse[c * chunk_stride] - largest);
-  return largest + logf(sum);
+  for (int64_t c = 0; c < parts; ++c) sum += chunk_term(lse[c * chunk_stride], largest);
+  return merged_from(largest, sum);
 }
 
 // Output column `out[0]` of a row merged from its chunks' outputs (chunk_stride apart) given the
-// row's merged lse: the chunks' weights exp(lse_c - merged) sum to 1.
+// row's merged lse: the chunks' weights sum to 1; a chunk of weight 0 adds nothing, whatever
+// its output holds.
 SAMATTN_HOST_DEVICE float merged_value(const float* out, const float* lse, int64_t parts,
                                        int64_t out_chunk_stride, int64_t lse_chunk_stride,
                                        float merged) {
-  if (merged == -INFINITY) return 0.f;
+  if (merged != merged) return NAN;
   float value = 0.f;
   for (int64_t c = 0; c < parts; ++c) {
-    const float weight = expf(lse[c * lse_chunk_stride] - merged);
+    const float weight = chunk_weight(lse[c * lse_chunk_stride], merged);
     if (weight > 0.f) value += weight * out[c * out_chunk_stride];
   }
   return value;

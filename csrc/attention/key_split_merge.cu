@@ -25,22 +25,68 @@ struct MergeParams {
   float* lse;  // (rows), or null
 };
 
+// One block per row (grid-stride). Warp 0 reads the row's chunk lse (at most kMaxChunks, 4 a
+// lane), reduces them with shuffles and leaves each chunk's weight in shared memory; then every
+// thread sums its columns over the chunks, whose loads are independent and unrolled so that
+// several are in flight (the chunks' outputs come from L2: a serial chain of them would set the
+// merge's time).
 template <typename Element>
 __global__ void __launch_bounds__(kMergeThreads) merge_key_split_kernel(const MergeParams m) {
+  constexpr int kPerLane = static_cast<int>(kMaxChunks) / 32;
+  static_assert(kMaxChunks % 32 == 0, "warp 0 holds the chunks' lse, kPerLane a lane");
+  __shared__ float weights[kMaxChunks];
+  __shared__ float row_lse;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t row = blockIdx.x; row < m.rows; row += gridDim.x) {
-    const float* lse = m.parts_lse + row;
-    const float merged = merged_lse(lse, m.parts, m.rows);
+    if (threadIdx.x < 32) {
+      float lse[kPerLane];
+      float largest = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int64_t c = lane + 32 * i;
+        lse[i] = c < m.parts ? m.parts_lse[c * m.rows + row] : -INFINITY;
+        largest = merge_max(largest, lse[i]);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        largest = merge_max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) sum += chunk_term(lse[i], largest);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      }
+      const float merged = merged_from(largest, sum);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int64_t c = lane + 32 * i;
+        if (c < m.parts) weights[c] = chunk_weight(lse[i], merged);
+      }
+      if (lane == 0) row_lse = merged;
+    }
+    __syncthreads();
+    const float merged = row_lse;
     const int64_t i = row % m.seqlen_q;
     const int64_t head = row / m.seqlen_q % m.heads_q;
     const int64_t batch = row / m.seqlen_q / m.heads_q;
     Element* out = static_cast<Element*>(m.out) + batch * m.out_batch_stride +
                    head * m.out_head_stride + i * m.out_row_stride;
     const float* parts_out = m.parts_out + row * m.dim_v;
+    const int64_t chunk_stride = m.rows * m.dim_v;
     for (int64_t d = threadIdx.x; d < m.dim_v; d += kMergeThreads) {
-      out[d] = simt::narrow<Element>(
-          merged_value(parts_out + d, lse, m.parts, m.rows * m.dim_v, m.rows, merged));
+      float value = 0.f;
+#pragma unroll 8
+      for (int64_t c = 0; c < m.parts; ++c) {
+        const float weight = weights[c];
+        const float part = parts_out[c * chunk_stride + d];  // loaded whatever the weight
+        value += weight > 0.f ? weight * part : 0.f;
+      }
+      out[d] = simt::narrow<Element>(merged != merged ? NAN : value);
     }
     if (threadIdx.x == 0 && m.lse != nullptr) m.lse[row] = merged;
+    __syncthreads();  // the weights are rewritten for the next row
   }
 }
 

@@ -164,6 +164,18 @@ TEST(KeySplit, MergeOfRowsWithoutKeys) {
   EXPECT_FLOAT_EQ(detail::merged_value(values, lse, 2, 1, 1, merged), 4.f);
 }
 
+TEST(KeySplit, MergeOfANanChunkIsNan) {
+  // A chunk whose scores held a NaN has lse NaN: the row's lse and output are NaN, even when
+  // the NaN chunk comes after finite ones and the others saw no key.
+  for (const float other : {0.5f, -INFINITY}) {
+    const float lse[] = {other, NAN};
+    const float values[] = {4.f, NAN};
+    const float merged = detail::merged_lse(lse, 2, 1);
+    EXPECT_TRUE(std::isnan(merged)) << other;
+    EXPECT_TRUE(std::isnan(detail::merged_value(values, lse, 2, 1, 1, merged))) << other;
+  }
+}
+
 TEST(KeySplit, PackedQueryHeadsComputeTheSameRows) {
   struct PackCase {
     const char* name;
