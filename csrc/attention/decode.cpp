@@ -85,6 +85,10 @@ KeySplit decode_split_for(const AttentionParams& p) {
   if (p.num_splits == 1 || !decode_kernel_takes(p).ok() || !tensor_core::supports(p).ok()) {
     return {};
   }
+  // Head dims 192 and 256 need more shared memory than sm86/sm89 blocks may opt in to.
+  if (decode_smem_bytes(static_cast<int>(p.head_dim)) > current_device_info().max_smem_optin) {
+    return {};
+  }
   const int64_t resident = int64_t{current_device_info().multiprocessors} *
                            tensor_core::decode_blocks_per_sm(p.dtype, p.head_dim);
   return plan_decode(p, resident);

@@ -14,8 +14,8 @@
 //    at the end the warps' softmax states merge in shared memory;
 //  - one chunk writes the output and lse directly; several write fp32 parts that the split's
 //    merge (key_split_merge.cu) combines.
-// Calls it takes: float16/bfloat16, head dims 64 and 128, kv_stride 1, no causal, no mask
-// options but a window's right edge r (query t sees keys j <= t + r: bottom-right causal, new
+// Calls it takes: float16/bfloat16, head dims 64, 96, 128, 192 and 256, kv_stride 1, no causal, no
+// mask options but a window's right edge r (query t sees keys j <= t + r: bottom-right causal, new
 // tokens against a cache) and an attn_mask that is the same for every head and query (a padded
 // batch's key mask, (B|1, 1, 1, Sk), or any broadcast over heads with one query), 16-byte aligned
 // rows (the tensor-core path's alignment).
@@ -35,7 +35,7 @@ inline constexpr int kDecodeThreads = 128;     // 4 warps
 inline constexpr int kDecodeBlockN = 64;       // keys per pipeline stage
 inline constexpr int kDecodeStages = 2;        // the next tile loads while this one is used
 inline constexpr int64_t kDecodeMaxRows = 64;  // query rows per kv head: 4 mma tiles of 16
-inline constexpr int kDecodeHeadDims[] = {64, 128};
+inline constexpr int kDecodeHeadDims[] = {64, 96, 128, 192, 256};
 
 // Shared memory of a block: the query rows, then the stages' K and V tiles, rows padded by 16
 // bytes (the tensor-core tiles' conflict-free pitch), then one tile's key-mask terms (fp32). The
@@ -135,8 +135,8 @@ Status decode_kernel_takes(const AttentionParams& params);
 // see (all of them, or with a right edge r the first seqlen_q + r). on_decode_kernel is set.
 KeySplit plan_decode(const AttentionParams& params, int64_t resident_blocks);
 
-// The plan for the current device, or parts() == 0 where the kernel does not take the call or
-// the tensor-core path cannot run on the device (tensor_core::supports).
+// The plan for the current device, or parts() == 0 where the kernel does not take the call, the
+// tensor-core path cannot run on the device (tensor_core::supports) or its blocks do not fit.
 KeySplit decode_split_for(const AttentionParams& params);
 
 // The kernel's parameters; `workspace` (the split's, key_split.h) is used when parts() > 1.

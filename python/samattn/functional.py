@@ -143,19 +143,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     computed; attn_mask, if given, applies inside them. See samattn.block_sparse_from_mask and
     samattn.block_sparse_from_pattern.
 
-    num_splits: split-key attention (flash-decoding), for calls with too few query blocks to
-    fill the GPU, e.g. decoding (a few queries per head against a long KV cache): the keys are
-    cut into chunks run as separate thread blocks, whose fp32 partial results one more kernel
-    merges. 1 (default): never; 0: automatic (when the query blocks leave SMs idle and there
-    are enough keys to share); n > 1: about n chunks. Only float16/bfloat16 CUDA calls that the
-    tensor-core kernels can run split, without causal=True or mask options other than attn_mask
-    and a window's right edge (so causal="lower_right", new queries against a cache, and padded
-    batches' masks split); others run as with 1. Calls with at most 64 query rows per key/value
-    head (query heads per kv head x queries), head dim 64 or 128, no kv_stride and no attn_mask
-    but a key mask (the same for every head and query) run on a kernel shaped for decoding,
-    which with 0 also runs unsplit where the (batch, kv head) pairs fill the GPU. Off by
-    default: the first timing lost to SDPA on most decode shapes, and the decoding kernel is
-    not yet timed (see the README's Known gaps).
+    num_splits: split-key attention (flash-decoding), for calls with too few query blocks to fill
+    the GPU, e.g. decoding (a few queries per head against a long KV cache): the keys are cut into
+    chunks run as separate thread blocks, whose fp32 partial results one more kernel merges. 1
+    (default): never; 0: automatic (when the query blocks leave SMs idle and there are enough keys
+    to share); n > 1: about n chunks. Only float16/bfloat16 CUDA calls that the tensor-core kernels
+    can run split, without causal=True or mask options other than attn_mask and a window's right
+    edge (so causal="lower_right", new queries against a cache, and padded batches' masks split);
+    others run as with 1. Calls with at most 64 query rows per key/value head (query heads per kv
+    head x queries), head dim 64, 96, 128, 192 or 256, no kv_stride, no attn_mask but a key mask
+    (the same for every head and query) run on a kernel shaped for decoding, which with 0 also runs
+    unsplit where the (batch, kv head) pairs fill the GPU. Off by default: the first timing lost to
+    SDPA on most decode shapes, and the decoding kernel is not yet timed (see the README's Known
+    gaps).
 
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 

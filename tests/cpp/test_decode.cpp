@@ -48,8 +48,12 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
   q.dtype = DType::kFloat32;
   declined(q, "dtype float32");
   q = p;
-  q.head_dim = q.head_dim_v = 96;
-  declined(q, "head_dim 96");
+  q.head_dim = q.head_dim_v = 80;
+  declined(q, "head_dim 80");
+  for (int64_t dim : {64, 96, 128, 192, 256}) {
+    q.head_dim = q.head_dim_v = dim;
+    EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << dim;
+  }
   q = p;
   q.head_dim_v = 64;
   declined(q, "head_dim_v 64");

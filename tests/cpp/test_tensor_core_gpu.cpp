@@ -352,7 +352,7 @@ TEST(KeySplitGpu, MatchesReference) {
       {"rows_gqa_kv_stride3_d96", {1, 4, 2, 5, 1777, 96, 96}, false, 3, 4},
       {"tail_of_one_key_d32", {1, 2, 1, 3, 257, 32, 32}, false, 1, 2},
       {"rows_d256", {1, 2, 2, 70, 900, 256, 256}, false, 1, 3},
-      {"decode_d192_many_chunks", {1, 2, 1, 1, 5000, 192, 192}, true, 1, 1000},
+      {"decode_d192_kv_stride2_many_chunks", {1, 2, 1, 1, 5000, 192, 192}, true, 2, 1000},
       {"right_edge_kv_stride2_d64", {1, 4, 4, 9, 2001, 64, 64}, false, 2, 4, 1500},
       {"rows_past_the_decoding_kernel_d128", {1, 4, 1, 17, 1000, 128, 128}, false, 1, 3},
   };
@@ -384,6 +384,10 @@ TEST(DecodeKernelGpu, MatchesReference) {
       {"one_key", {1, 2, 2, 1, 1, 64, 64}, true, 1, 0},
       {"more_chunks_asked_than_tiles", {4, 8, 8, 1, 777, 128, 128}, true, 1, 1000000},
       {"many_chunks", {1, 2, 1, 1, 20000, 64, 64}, false, 1, 1000},
+      // Head dims 96, 192, 256.
+      {"d96_gqa_drafts", {2, 8, 2, 3, 1500, 96, 96}, true, 1, 0, 1497},
+      {"d192_many_chunks", {1, 2, 1, 1, 5000, 192, 192}, true, 1, 1000},
+      {"d256_rows_32", {1, 16, 2, 4, 2222, 256, 256}, false, 1, 5},
       // Key masks: a padded batch (one entry all padding), float32 and input-dtype terms.
       {"padded_batch_gqa",
        {4, 8, 2, 1, 3000, 128, 128},

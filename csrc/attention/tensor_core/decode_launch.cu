@@ -1,11 +1,14 @@
-// The decoding kernel's instantiations (float16, bfloat16 x head dims 64, 128), its launch and
-// its occupancy.
+// The decoding kernel's instantiations (float16, bfloat16 x head dims 64, 96, 128, 192, 256), its
+// launch and its occupancy.
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <iterator>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "attention/alignment.h"
 #include "attention/decode.h"
 #include "attention/tensor_core/decode_kernel.cuh"
 #include "common/check.h"
@@ -22,6 +25,29 @@ KernelPointer instance() {
   return decode_kernel<Element, kHeadDim>;
 }
 
+template <typename Element>
+KernelPointer instance_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 64:
+      return instance<Element, 64>();
+    case 96:
+      return instance<Element, 96>();
+    case 128:
+      return instance<Element, 128>();
+    case 192:
+      return instance<Element, 192>();
+    case 256:
+      return instance<Element, 256>();
+    default:
+      break;
+  }
+  SAMATTN_CHECK(false, "the decoding kernel takes head dims ",
+                detail::comma_list(detail::kDecodeHeadDims), ", got ", head_dim);
+  return nullptr;
+}
+
+constexpr int kHeadDimCount = static_cast<int>(std::size(detail::kDecodeHeadDims));
+
 // The instantiation for (dtype, head dim), opted in to its shared memory, and its slot in the
 // occupancy cache; the caller (decode_kernel_takes) has checked the pair.
 struct Instance {
@@ -34,19 +60,18 @@ Instance find_instance(DType dtype, int64_t head_dim) {
   const bool half = dtype == DType::kFloat16;
   SAMATTN_CHECK(half || dtype == DType::kBFloat16,
                 "the decoding kernel takes float16 and bfloat16, got ", dtype_name(dtype));
-  SAMATTN_CHECK(head_dim == 64 || head_dim == 128,
-                "the decoding kernel takes head dims 64 and 128, got ", head_dim);
-  const bool wide = head_dim == 128;
   const KernelPointer kernel =
-      half ? (wide ? instance<__half, 128>() : instance<__half, 64>())
-           : (wide ? instance<__nv_bfloat16, 128>() : instance<__nv_bfloat16, 64>());
+      half ? instance_for<__half>(head_dim) : instance_for<__nv_bfloat16>(head_dim);
   const int smem = detail::decode_smem_bytes(static_cast<int>(head_dim));
   detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-  return {kernel, smem, (half ? 0 : 2) + (wide ? 1 : 0)};
+  const int dim_slot = static_cast<int>(
+      std::find(std::begin(detail::kDecodeHeadDims), std::end(detail::kDecodeHeadDims), head_dim) -
+      std::begin(detail::kDecodeHeadDims));
+  return {kernel, smem, (half ? 0 : kHeadDimCount) + dim_slot};
 }
 
 constexpr int kCachedDevices = 64;
-constexpr int kInstances = 4;
+constexpr int kInstances = 2 * kHeadDimCount;
 // 0: not yet queried.
 std::array<std::atomic<int>, kCachedDevices * kInstances> blocks_per_sm_cache{};
 

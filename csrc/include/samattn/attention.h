@@ -63,19 +63,19 @@ struct AttentionParams {
 
   Backend backend = Backend::kAuto;
 
-  // Split-key attention (flash-decoding) for calls whose query blocks are too few to fill the
-  // GPU, e.g. decoding against a long KV cache: chunks of keys run as separate thread blocks,
-  // whose fp32 results one more kernel merges. 1: never (the default); 0: when the call has
-  // fewer query blocks than the device runs at once and enough keys to share; n > 1: about n
-  // chunks. Only float16/bfloat16 calls that the tensor-core kernels can run split (on them,
-  // also under backend auto on Hopper), without causal or mask options other than an element
-  // mask and a window's right edge (bottom-right causal: new queries against a cache; padded
-  // batches' masks), and only with the workspace below (without it the call runs as it would
-  // with 1); any other call runs as it would with 1. Calls with at most 64 query rows per kv
-  // head (query heads per kv head x seqlen_q), head dim 64 or 128, kv_stride 1 and no element
-  // mask but a key mask (the same for every head and query: a padded batch's) run on a kernel
-  // shaped for decoding instead, which with num_splits 0 also runs unsplit, without workspace,
-  // where the (batch, kv head) pairs already fill the device.
+  // Split-key attention (flash-decoding) for calls whose query blocks are too few to fill the GPU,
+  // e.g. decoding against a long KV cache: chunks of keys run as separate thread blocks, whose fp32
+  // results one more kernel merges. 1: never (the default); 0: when the call has fewer query blocks
+  // than the device runs at once and enough keys to share; n > 1: about n chunks. Only
+  // float16/bfloat16 calls that the tensor-core kernels can run split (on them, also under backend
+  // auto on Hopper), without causal or mask options other than an element mask and a window's right
+  // edge (bottom-right causal: new queries against a cache; padded batches' masks), and only with
+  // the workspace below (without it the call runs as it would with 1); any other call runs as it
+  // would with 1. Calls with at most 64 query rows per kv head (query heads per kv head x
+  // seqlen_q), head dim 64, 96, 128, 192 or 256, kv_stride 1, no element mask but a key mask (the
+  // same for every head and query: a padded batch's) run on a kernel shaped for decoding instead,
+  // which with num_splits 0 also runs unsplit, without workspace, where the (batch, kv head) pairs
+  // already fill the device.
   int64_t num_splits = 1;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)
