@@ -132,7 +132,10 @@ def main(argv=None) -> int:
                                                        attn_mask=bias if padded else None),
                    "split_auto": samattn.selected_backend(q, k, v, causal="lower_right",
                                                           attn_mask=bias if padded else None,
-                                                          num_splits=0)},
+                                                          num_splits=0, detail=True),
+                   f"split_{args.splits}": samattn.selected_backend(
+                       q, k, v, causal="lower_right", attn_mask=bias if padded else None,
+                       num_splits=args.splits, detail=True)},
                "max_abs_error_vs_fp32": errors, "methods": {}}
         for name, t in timings.items():
             row["methods"][name] = {

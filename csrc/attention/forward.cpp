@@ -1,6 +1,7 @@
 // attention_forward: validate, derive the kernel parameters once, pick a backend, launch.
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "attention/decode.h"
 #include "attention/fixed_pattern.h"
@@ -64,6 +65,15 @@ Backend select_backend(const AttentionParams& params) {
     return Backend::kTensorCore;
   }
   return tensor_core.ok() ? Backend::kTensorCore : Backend::kSimt;
+}
+
+std::string describe_forward(const AttentionParams& params) {
+  const std::string backend = backend_name(select_backend(params));
+  const detail::KeySplit split = key_split_of(params);
+  if (split.parts() == 0) return backend;
+  const char* chunks = split.parts() == 1 ? " key chunk" : " key chunks";
+  return detail::concat(backend, ": ", split.on_decode_kernel ? "decoding kernel" : "split", ", ",
+                        split.parts(), chunks);
 }
 
 size_t attention_forward_workspace_bytes(const AttentionParams& params) {

@@ -219,9 +219,9 @@ Strides contiguous_strides(int64_t heads, int64_t seqlen, int64_t dim) {
   return Strides{heads * seqlen * dim, seqlen * dim, dim};
 }
 
-// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper"),
-// for the output attention_forward allocates: contiguous (batch, heads_q, seqlen_q, head_dim_v),
-// as aligned as query.
+// The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper";
+// with detail, describe_forward's text), for the output attention_forward allocates:
+// contiguous (batch, heads_q, seqlen_q, head_dim_v), as aligned as query.
 std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 const at::Tensor& value, bool causal, int64_t kv_stride,
                                 c10::string_view backend,
@@ -229,7 +229,7 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
                                 int64_t window_right, c10::string_view sparse_pattern,
                                 int64_t sparse_block, int64_t sparse_summary,
                                 const std::optional<at::Tensor>& block_map, int64_t block_q,
-                                int64_t block_k, int64_t num_splits) {
+                                int64_t block_k, int64_t num_splits, bool detail) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
@@ -245,7 +245,7 @@ std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
   params.out_strides = contiguous_strides(params.heads_q, params.seqlen_q, params.head_dim_v);
   const c10::cuda::CUDAGuard guard(query.device());
   try {
-    return backend_name(select_backend(params));
+    return detail ? describe_forward(params) : backend_name(select_backend(params));
   } catch (const Error& error) {
     TORCH_CHECK_VALUE(false, error.what());
   }
@@ -321,7 +321,7 @@ TORCH_LIBRARY(samattn, m) {
       "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
       "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
-      "int num_splits=1) -> str");
+      "int num_splits=1, bool detail=False) -> str");
   m.def(
       "selected_backward_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");

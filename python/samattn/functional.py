@@ -280,10 +280,14 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
                      attn_mask: Optional[Tensor] = None,
                      window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
                      sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
-                     backward: bool = False, num_splits: int = 1) -> str:
+                     backward: bool = False, num_splits: int = 1, detail: bool = False) -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors and options on this
     GPU: "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is
     honoured. A call that num_splits splits runs its chunks on "tensor_core".
+
+    detail=True (forward only): for a split call also which kernel runs its chunks and how many,
+    e.g. "tensor_core: decoding kernel, 32 key chunks" (for logs and benchmarks; the wording may
+    change).
 
     backward=True: the family of its backward instead (unmasked calls; the gradients, out and
     dout contiguous, as autograd passes them), which can differ from the forward's: e.g. on
@@ -304,7 +308,8 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
     extra = (None, 128, 128) if block_sparse is None else (
         block_sparse.to_map(k.shape[2]), block_sparse.block_q, block_sparse.block_k)
     return ops.selected_backend(q, k, v, causal, kv_stride, backend, attn_mask, left, right,
-                                sparse_pattern, sparse_block, sparse_summary, *extra, num_splits)
+                                sparse_pattern, sparse_block, sparse_summary, *extra, num_splits,
+                                detail)
 
 
 def _as_4d(t: Tensor, name: str) -> Tensor:

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention/key_split.h"
+#include "common/check.h"
 #include "common/device.h"
 #include "common/host_float.h"
 #include "test_support.h"
@@ -322,6 +323,9 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
   const size_t workspace_bytes = attention_forward_workspace_bytes(p);
   EXPECT_EQ(workspace_bytes > 0, detail::split_needs_workspace(split));
   EXPECT_EQ(select_backend(p), Backend::kTensorCore);
+  EXPECT_EQ(describe_forward(p),
+            detail::concat("tensor_core: ", decoding ? "decoding kernel" : "split", ", ",
+                           split.parts(), split.parts() == 1 ? " key chunk" : " key chunks"));
   DeviceBuffer workspace(workspace_bytes);
   const int64_t rows = sc.shape.batch * sc.shape.heads_q * sc.shape.seqlen_q;
   DeviceBuffer lse(rows * sizeof(float));
@@ -530,6 +534,9 @@ TEST(SelectBackend, UnsupportedHeadDimFallsBackToSimt) {
   EXPECT_EQ(select_backend(pb.params), Backend::kSimt);
   Problem mixed({1, 2, 2, 16, 16, 64, 32}, DType::kBFloat16);
   EXPECT_EQ(select_backend(mixed.params), Backend::kSimt);
+  // describe_forward names the family alone where nothing splits.
+  pb.params.num_splits = 0;
+  EXPECT_EQ(describe_forward(pb.params), "simt");
 }
 
 TEST(SelectBackend, Float32StaysOnSimtWithoutTf32) {

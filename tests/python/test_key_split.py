@@ -109,6 +109,11 @@ def test_gpu_split_with_attn_mask_matches_reference(dtype, kind):
 def test_gpu_split_runs_on_the_tensor_cores_when_it_splits():
     q, k, v = make_qkv(1, 8, 2, 1, 4096, 128, dtype=torch.bfloat16, device="cuda", seed=5)
     assert samattn.selected_backend(q, k, v, num_splits=4) == "tensor_core"
+    assert samattn.selected_backend(q, k, v, num_splits=4, detail=True) == \
+        "tensor_core: decoding kernel, 4 key chunks"
+    # kv_stride 2 does not take the decoding kernel: the tensor-core kernels run the chunks.
+    assert samattn.selected_backend(q, k, v, kv_stride=2, num_splits=4, detail=True) == \
+        "tensor_core: split, 4 key chunks"
     if torch.cuda.get_device_capability() == (9, 0):
         # Asked for the Hopper forward, the call does not split.
         assert samattn.selected_backend(q, k, v, num_splits=4, backend="hopper") == "hopper"

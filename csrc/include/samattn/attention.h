@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include <cuda_runtime_api.h>
 
@@ -114,6 +115,11 @@ void reference_attention_forward(const AttentionParams& params);
 // call that num_splits splits says kTensorCore, the kernels of its chunks when the workspace is
 // given.
 Backend select_backend(const AttentionParams& params);
+
+// select_backend's name, and for a call that num_splits splits which kernel runs its chunks and
+// how many (given the workspace): e.g. "tensor_core: decoding kernel, 32 key chunks". For logs
+// and benchmarks; the wording may change.
+std::string describe_forward(const AttentionParams& params);
 
 // ---------------------------------------------------------------------------------------------
 // Backward: the gradients of a scalar loss with respect to q, k and v, given dout = dL/dout.
