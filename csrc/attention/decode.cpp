@@ -69,8 +69,11 @@ KeySplit plan_decode(const AttentionParams& p, int64_t resident_blocks) {
   const int64_t key_tiles = ceil_div(keys, kDecodeBlockN);
   int64_t chunks = std::min(p.num_splits, key_tiles);
   if (p.num_splits == 0) {
+    // As many chunks as fit the resident blocks in one wave: the blocks are equal work, so a
+    // few past the wave would run a second wave of their own (e.g. 32 heads, 264 resident:
+    // 9 chunks = 288 blocks took two block times, 8 = 256 take one).
     const int64_t blocks = p.batch * p.heads_kv;
-    chunks = std::min({ceil_div(resident_blocks, blocks), key_tiles / kMinChunkBlocks, kMaxChunks});
+    chunks = std::min({resident_blocks / blocks, key_tiles / kMinChunkBlocks, kMaxChunks});
   }
   chunks = std::clamp<int64_t>(chunks, 1, kMaxChunks);
   KeySplit split;

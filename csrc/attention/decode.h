@@ -129,8 +129,8 @@ SAMATTN_HOST_DEVICE DecodeWarpRole decode_warp_role(int rows, int warp, int warp
 Status decode_kernel_takes(const AttentionParams& params);
 
 // The chunks of a call the kernel takes on a device running `resident_blocks` of its blocks at
-// once. num_splits 0: enough chunks for batch * heads_kv * chunks to fill them, each at least
-// two key tiles, at most 128 (the merge's bound); n > 1: about n. One chunk (parts() == 1, no
+// once. num_splits 0: as many chunks as batch * heads_kv * chunks <= resident blocks allows
+// (one wave), each at least two key tiles, at most 128 (the merge's bound); n > 1: about n. One chunk (parts() == 1, no
 // workspace, no merge) where the blocks already fill the device. Covers the keys any query can
 // see (all of them, or with a right edge r the first seqlen_q + r). on_decode_kernel is set.
 KeySplit plan_decode(const AttentionParams& params, int64_t resident_blocks);

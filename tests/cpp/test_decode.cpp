@@ -127,10 +127,17 @@ TEST(DecodePlan, AutomaticChunksFillTheResidentBlocksInOneLaunch) {
   KeySplit split = detail::plan_decode(p, 264);
   EXPECT_EQ(split.chunk_keys, 512);
   EXPECT_EQ(split.parts(), 32);
-  // B = 4 with (B, S, H, D) caches: still one launch (the batch is the grid's third index).
+  // B = 4 with (B, S, H, D) caches: still one launch (the batch is the grid's third index),
+  // 8 chunks of 32 tiles: 256 blocks, one wave (9 would be 288, two waves).
   p.batch = 4;
   split = detail::plan_decode(p, 264);
-  EXPECT_EQ(split.parts(), 9);  // ceil(264 / 32) = 9 chunks of ceil(256 / 9) = 29 tiles
+  EXPECT_EQ(split.parts(), 8);
+  EXPECT_LE(split.parts() * p.batch * p.heads_kv, 264);
+  // 32 kv heads: 8 chunks, not ceil(264 / 32) = 9.
+  p.batch = 1;
+  p.heads_q = p.heads_kv = 32;
+  split = detail::plan_decode(p, 264);
+  EXPECT_EQ(split.parts(), 8);
   // Blocks that already fill the device: one chunk, written directly.
   p.batch = 64;
   p.seqlen_k = 2048;
