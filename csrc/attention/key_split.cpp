@@ -78,10 +78,11 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
   if (p.num_splits == 0) {
     // Only where one launch runs every chunk: launches run one after the other.
     if (p.mask.window_right >= 0 || (p.batch > 1 && !chunk_heads_merge(p))) return none;
-    // Enough chunks for the launch's query blocks to fill every SM's resident blocks once.
+    // As many chunks as the launch's query blocks fit every SM's resident blocks in one wave
+    // (more would start a second wave for the few blocks past the first).
     const int64_t query_blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, tile.block_m);
     const int64_t resident = int64_t{multiprocessors} * tile.blocks_per_sm;
-    chunks = std::min({ceil_div(resident, query_blocks), key_blocks / kMinChunkBlocks, kMaxChunks});
+    chunks = std::min({resident / query_blocks, key_blocks / kMinChunkBlocks, kMaxChunks});
   }
   chunks = std::min(chunks, kMaxChunks);
   if (chunks < 2) return none;

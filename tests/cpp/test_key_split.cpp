@@ -85,12 +85,12 @@ TEST(KeySplit, KvStrideSplitsTheKeptKeys) {
 }
 
 TEST(KeySplit, AutomaticChunksFillTheResidentBlocks) {
-  // 32 query blocks on 132 SMs of two resident blocks: ceil(264 / 32) = 9 chunks of
-  // ceil(128 / 9) = 15 key blocks (960 keys): 8 full chunks and a tail of 512 keys.
+  // 32 query blocks on 132 SMs of two resident blocks: 264 / 32 = 8 chunks (one wave; 9 would
+  // be 288 blocks) of 128 / 8 = 16 key blocks (1024 keys), no tail.
   const KeySplit split = plan_key_split(decode_params(1, 32, 1, 8192, 0), kMultiprocessors, kTile);
-  EXPECT_EQ(split.chunk_keys, 960);
+  EXPECT_EQ(split.chunk_keys, 1024);
   EXPECT_EQ(split.full_chunks, 8);
-  EXPECT_EQ(split.tail_keys, 512);
+  EXPECT_EQ(split.tail_keys, 0);
 }
 
 TEST(KeySplit, AutomaticDeclinesWhereEachBatchEntryIsALaunch) {
