@@ -120,7 +120,8 @@ void simt_varlen_forward(const AttentionParams& params, cudaStream_t stream) {
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
-  // A split call, when its workspace was given; without one it runs as with num_splits 1.
+  // A split call, when its workspace was given (or, on the decoding kernel, with one chunk that
+  // needs none); without one it runs as with num_splits 1.
   if (const detail::KeySplit split = key_split_of(params); split.parts() > 0) {
     if (split.on_decode_kernel && (params.workspace != nullptr || split.parts() == 1)) {
       detail::decode_forward(params, split, stream);
