@@ -23,11 +23,17 @@ Status declined(const std::string& why) {
   return Status::failure("the decoding kernel does not take " + why);
 }
 
+// The right edge the kernel applies: -1 (none) also where every query sees every key (r >=
+// seqlen_k), which keeps seqlen_q + r from overflowing for any r.
+int64_t right_edge(const AttentionParams& p) {
+  return p.mask.window_right >= 0 && p.mask.window_right < p.seqlen_k ? p.mask.window_right : -1;
+}
+
 // Keys any query sees: all, or with a right edge r the first seqlen_q + r (query t sees
 // j <= t + r).
 int64_t visible_keys(const AttentionParams& p) {
-  if (p.mask.window_right < 0) return p.seqlen_k;
-  return std::min(p.seqlen_k, p.seqlen_q + p.mask.window_right);
+  if (right_edge(p) < 0) return p.seqlen_k;
+  return std::min(p.seqlen_k, p.seqlen_q + right_edge(p));
 }
 
 }  // namespace
@@ -56,7 +62,9 @@ Status decode_kernel_takes(const AttentionParams& p) {
     return declined(concat((p.heads_q / p.heads_kv), " query heads per kv head x seqlen_q ",
                            p.seqlen_q, " = ", rows, " rows (at most ", kDecodeMaxRows, ")"));
   }
-  if (p.seqlen_k == 0 || p.batch == 0 || p.heads_kv == 0) return declined("empty calls");
+  if (p.seqlen_q == 0 || p.seqlen_k == 0 || p.batch == 0 || p.heads_kv == 0) {
+    return declined("empty calls");
+  }
   if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
     return declined(concat("batch ", p.batch, " and heads_kv ", p.heads_kv, " (each at most ",
                            kMaxGridYZ, ")"));
@@ -128,7 +136,7 @@ DecodeKernelParams make_decode_kernel_params(const AttentionParams& p, const Key
   k.seqlen_q = p.seqlen_q;
   k.seqlen_k = p.seqlen_k;
   k.chunk_keys = split.chunk_keys;
-  k.right_edge = p.mask.window_right >= 0 ? p.mask.window_right : -1;
+  k.right_edge = right_edge(p);
   k.scale_log2 = static_cast<float>(resolved_softmax_scale(p) * M_LOG2E);
   k.mask = p.mask.data;
   k.mask_dtype = p.mask.dtype;

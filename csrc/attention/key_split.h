@@ -154,16 +154,18 @@ SAMATTN_HOST_DEVICE float merged_lse(const float* lse, int64_t parts, int64_t ch
 }
 
 // Output column `out[0]` of a row merged from its chunks' outputs (chunk_stride apart) given the
-// row's merged lse: the chunks' weights sum to 1; a chunk of weight 0 adds nothing, whatever
-// its output holds.
+// row's merged lse: the chunks' weights sum to 1. A chunk that saw no key (lse -inf) adds
+// nothing, whatever its output holds; any other chunk's NaN output makes the value NaN, even
+// where its weight underflows to 0.
 SAMATTN_HOST_DEVICE float merged_value(const float* out, const float* lse, int64_t parts,
                                        int64_t out_chunk_stride, int64_t lse_chunk_stride,
                                        float merged) {
   if (merged != merged) return NAN;
   float value = 0.f;
   for (int64_t c = 0; c < parts; ++c) {
-    const float weight = chunk_weight(lse[c * lse_chunk_stride], merged);
-    if (weight > 0.f) value += weight * out[c * out_chunk_stride];
+    const float chunk_lse = lse[c * lse_chunk_stride];
+    if (chunk_lse == -INFINITY) continue;
+    value += chunk_weight(chunk_lse, merged) * out[c * out_chunk_stride];
   }
   return value;
 }

@@ -14,6 +14,8 @@ namespace {
 
 // Head dims are at most kMaxHeadDim (256): two columns per thread at most.
 constexpr int kMergeThreads = 128;
+// The weight slot of a chunk that saw no key (lse -inf); real weights are >= 0 or NaN.
+constexpr float kNoKeys = -1.f;
 
 struct MergeParams {
   const float* parts_out;  // (parts, rows, dim_v)
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_key_split_kernel(const Me
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const int64_t c = lane + 32 * i;
-        if (c < m.parts) weights[c] = chunk_weight(lse[i], merged);
+        if (c < m.parts) weights[c] = lse[i] == -INFINITY ? kNoKeys : chunk_weight(lse[i], merged);
       }
       if (lane == 0) row_lse = merged;
     }
@@ -79,9 +81,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_key_split_kernel(const Me
       float value = 0.f;
 #pragma unroll 8
       for (int64_t c = 0; c < m.parts; ++c) {
+        // As merged_value: a chunk without keys adds nothing; another's NaN output is kept
+        // even at weight 0.
         const float weight = weights[c];
         const float part = parts_out[c * chunk_stride + d];  // loaded whatever the weight
-        value += weight > 0.f ? weight * part : 0.f;
+        value += weight == kNoKeys ? 0.f : weight * part;
       }
       out[d] = simt::narrow<Element>(merged != merged ? NAN : value);
     }

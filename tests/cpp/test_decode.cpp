@@ -81,6 +81,9 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
   q = p;
   q.batch = 70000;
   declined(q, "batch 70000");
+  q = p;
+  q.seqlen_q = 0;
+  declined(q, "empty calls");
   // attn_mask: a key mask only, the same for every head and query row.
   const unsigned char keep[1] = {1};
   q = p;
@@ -100,13 +103,14 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
 TEST(DecodePlan, ChunksCoverTheVisibleKeysOnce) {
   for (int64_t keys : {1, 37, 64, 65, 1000, 4096, 20000, 100000}) {
     for (int64_t splits : {0, 2, 3, 7, 64, 1000}) {
-      for (int64_t right_edge : {int64_t{-1}, int64_t{0}, int64_t{62}, keys - 1}) {
+      for (int64_t right_edge : {int64_t{-1}, int64_t{0}, int64_t{62}, keys - 1,
+                                 std::numeric_limits<int64_t>::max() - 1}) {
         AttentionParams p = decode_call(1, 8, 8, 1, keys, splits);
         p.mask.window_right = right_edge;
         const KeySplit split = detail::plan_decode(p, 264);
         SCOPED_TRACE(::testing::Message() << "keys " << keys << " num_splits " << splits
                                           << " right edge " << right_edge);
-        const int64_t visible = right_edge < 0 ? keys : std::min(keys, 1 + right_edge);
+        const int64_t visible = right_edge < 0 || right_edge >= keys ? keys : 1 + right_edge;
         EXPECT_TRUE(split.on_decode_kernel);
         ASSERT_GE(split.parts(), 1);
         EXPECT_EQ(split.chunk_keys % detail::kDecodeBlockN, 0);
@@ -171,6 +175,11 @@ TEST(DecodePlan, KernelParametersMapRowsToHeadsAndQueries) {
   ASSERT_EQ(one.parts(), 1);
   const detail::DecodeKernelParams direct = detail::make_decode_kernel_params(p, one, {});
   EXPECT_EQ(direct.right_edge, -1);
+  // A right edge at or past the last key hides nothing: no edge (and no overflow of T + r).
+  p.mask.window_right = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(detail::make_decode_kernel_params(p, one, {}).right_edge, -1);
+  p.mask.window_right = 2999;
+  EXPECT_EQ(detail::make_decode_kernel_params(p, one, {}).right_edge, 2999);
   EXPECT_EQ(direct.part_out, nullptr) << "one chunk writes the output itself";
 }
 

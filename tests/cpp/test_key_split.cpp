@@ -174,6 +174,12 @@ TEST(KeySplit, MergeOfANanChunkIsNan) {
     EXPECT_TRUE(std::isnan(merged)) << other;
     EXPECT_TRUE(std::isnan(detail::merged_value(values, lse, 2, 1, 1, merged))) << other;
   }
+  // A NaN output (a NaN value row the chunk saw) counts even where its weight underflows to 0.
+  const float lse[] = {0.f, -200.f};
+  const float values[] = {4.f, NAN};
+  const float merged = detail::merged_lse(lse, 2, 1);
+  EXPECT_FLOAT_EQ(merged, 0.f);
+  EXPECT_TRUE(std::isnan(detail::merged_value(values, lse, 2, 1, 1, merged)));
 }
 
 TEST(KeySplit, PackedQueryHeadsComputeTheSameRows) {

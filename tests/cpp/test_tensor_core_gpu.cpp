@@ -91,8 +91,9 @@ Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
           operand_rows(pb.v, pb.dtype, p.v_strides, b, hk, p.seqlen_k, v_dim);
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const auto visible = [&](int64_t j) {
+          const bool masked = key_terms && (*key_terms)[b * p.seqlen_k + j] == -INFINITY;
           return j % p.kv_stride == 0 && (!p.causal || j <= i) &&
-                 (window_right < 0 || j <= i + window_right);
+                 (window_right < 0 || j <= i + window_right) && !masked;
         };
         double row_max = neg_inf;
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -241,8 +242,13 @@ INSTANTIATE_TEST_SUITE_P(AllShapes, TensorCoreGpu, ::testing::ValuesIn(all_cases
 // terms in the inputs' dtype.
 enum class KeyMask { kNone, kBoolPadding, kFloat32, kInputDType };
 
+// NaN where the call must not look: none; in every key row the key mask hides (a padded cache's
+// unwritten rows); as the float key mask's term of the last key, which a right edge of
+// seqlen_k - seqlen_q hides from every query but the last.
+enum class Poison { kNone, kKeysBehindMask, kTermOfLastKey };
+
 // A split call: num_splits, a window's right edge (bottom-right causal: seqlen_k - seqlen_q),
-// optionally the output in (B, S, H, D) storage and a key mask.
+// optionally the output in (B, S, H, D) storage, a key mask and NaN poison.
 struct SplitScenario {
   const char* name;
   Shape shape;
@@ -251,6 +257,7 @@ struct SplitScenario {
   int64_t window_right = -1;
   bool out_seq_major = false;
   KeyMask key_mask = KeyMask::kNone;
+  Poison poison = Poison::kNone;
 };
 
 // The key mask of `kind` for `p` in `host` (its dtype's bytes) and its additive terms.
@@ -305,6 +312,26 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
     m.head_stride = m.row_stride = 0;
     m.col_stride = 1;
   }
+  const AttentionParams& hp = pb.params;
+  for (int64_t b = 0; sc.poison == Poison::kKeysBehindMask && b < hp.batch; ++b) {
+    for (int64_t j = 0; j < hp.seqlen_k; ++j) {
+      if (key_terms[b * hp.seqlen_k + j] != -INFINITY) continue;
+      for (int64_t h = 0; h < hp.heads_kv; ++h) {
+        for (int64_t d = 0; d < hp.head_dim; ++d) {
+          pb.k.set(b * hp.k_strides.batch + h * hp.k_strides.head + j * hp.k_strides.seq + d,
+                   std::nan(""));
+        }
+      }
+    }
+  }
+  if (sc.poison == Poison::kTermOfLastKey) {
+    for (int64_t b = 0; b < hp.batch; ++b) {
+      const int64_t last = b * hp.seqlen_k + hp.seqlen_k - 1;
+      key_terms[last] = std::nan("");
+      const float nan = std::nanf("");
+      std::memcpy(mask_bytes.data() + last * sizeof(float), &nan, sizeof(float));
+    }
+  }
   const HostTensor expected = pb.reference(/*with_lse=*/true);
   const Emulated emulated = low_precision_reference(
       pb, sc.window_right, sc.key_mask != KeyMask::kNone ? &key_terms : nullptr);
@@ -340,7 +367,9 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
   std::vector<float> lse32(rows);
   lse.download(lse32.data());
   for (int64_t i = 0; i < rows; ++i) {
-    if (std::isinf(pb.lse[i])) {
+    if (std::isnan(pb.lse[i])) {
+      EXPECT_TRUE(std::isnan(lse32[i])) << "row " << i;
+    } else if (std::isinf(pb.lse[i])) {
       EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
     } else {
       EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
@@ -436,6 +465,45 @@ TEST(DecodeKernelGpu, FullDeviceRunsOneChunkWithoutWorkspace) {
   p.num_splits = 0;
   EXPECT_EQ(detail::key_split_for(p).parts(), 1);
   EXPECT_EQ(attention_forward_workspace_bytes(p), 0u);
+}
+
+// NaN where the reference never looks stays out of the output: key rows behind a padded
+// batch's mask (the scores there are NaN, the mask's -inf must win), and a float mask's NaN term
+// at a key the right edge hides (it poisons only the last query, which sees that key).
+TEST(DecodeKernelGpu, NanBehindTheMaskStaysHidden) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  const SplitScenario scenarios[] = {
+      {"nan_keys_behind_padding",
+       {3, 8, 2, 1, 700, 64, 64},
+       true,
+       1,
+       3,
+       -1,
+       false,
+       KeyMask::kBoolPadding,
+       Poison::kKeysBehindMask},
+      {"nan_keys_behind_padding_d128_many_chunks",
+       {3, 8, 2, 1, 700, 128, 128},
+       false,
+       1,
+       1000000,
+       -1,
+       false,
+       KeyMask::kBoolPadding,
+       Poison::kKeysBehindMask},
+      {"nan_term_behind_the_right_edge",
+       {2, 4, 2, 2, 500, 64, 64},
+       false,
+       1,
+       2,
+       498,
+       false,
+       KeyMask::kFloat32,
+       Poison::kTermOfLastKey},
+  };
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, true);
+  }
 }
 
 TEST(DecodeKernelGpu, NanInOneQueryPoisonsOnlyItsRow) {

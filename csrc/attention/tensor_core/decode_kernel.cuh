@@ -97,16 +97,23 @@ __device__ __forceinline__ float mask_term_log2(MaskDType dtype, uint64_t bits) 
   return 0.f;
 }
 
+// One masked score: exactly -inf for a key the mask or the structure (already -inf) hides, even
+// when its score or its term is NaN or +inf (the reference never looks at hidden keys: a padded
+// cache's unwritten rows may hold anything).
+__device__ __forceinline__ float masked_score(float score, float term) {
+  return term == -INFINITY || score == -INFINITY ? -INFINITY : score + term;
+}
+
 // Adds the key-mask terms of a 16-key slice to the warp's scores (the lane's keys
 // 2 * (lane % 4) + {0, 1} of each 8-key tile, the same for both of its rows).
 __device__ __forceinline__ void add_key_terms(float (&s)[1][2][4], const float* terms, int lane) {
 #pragma unroll
   for (int t = 0; t < 2; ++t) {
     const float2 pair = *reinterpret_cast<const float2*>(terms + t * 8 + 2 * (lane % 4));
-    s[0][t][0] += pair.x;
-    s[0][t][1] += pair.y;
-    s[0][t][2] += pair.x;
-    s[0][t][3] += pair.y;
+    s[0][t][0] = masked_score(s[0][t][0], pair.x);
+    s[0][t][1] = masked_score(s[0][t][1], pair.y);
+    s[0][t][2] = masked_score(s[0][t][2], pair.x);
+    s[0][t][3] = masked_score(s[0][t][3], pair.y);
   }
 }
 
