@@ -183,10 +183,9 @@ struct TileGeometry {
   int32_t group_size;  // heads_q / heads_kv
   bool causal;
   // A sliding window or bottom-right causal (mask_policy.h's visible_key_span, causal included in
-  // `policy`), with
-  // kv_stride 1 (supports()): a constant stride of 1 leaves no division in the kernel, whose
-  // 64-bit form spilled registers next to the key loop's accumulators. Off, the int32 causal
-  // arithmetic above is all that runs.
+  // `policy`), with kv_stride 1 (supports()): a constant stride of 1 leaves no division in the
+  // kernel, whose 64-bit form spilled registers next to the key loop's accumulators. Off, the
+  // int32 causal arithmetic above is all that runs.
   bool windowed;
   detail::MaskPolicy policy;
   // Varlen (kv_stride 1, supports()): sequence b owns q/out rows [cu_seqlens_q[b],
