@@ -195,8 +195,11 @@ struct Replay {
   std::map<std::pair<int64_t, int64_t>, int> seen;  // (query row, key) -> times counted
 };
 
-// Replays the kernel's blocks for `pb` with `split`.
-Replay replay_decode(const Problem& pb, const KeySplit& split) {
+// Replays the kernel's blocks for `pb` with `split`; `keep` (batch, seqlen_k), when given, is a
+// boolean key mask (false: the key's score is -inf, which the online softmax turns into weight
+// 0 or leaves the row's state empty).
+Replay replay_decode(const Problem& pb, const KeySplit& split,
+                     const std::vector<char>* keep = nullptr) {
   const AttentionParams& p = pb.params;
   const int64_t dim = p.head_dim;
   std::vector<float> part_out(split.parts() * p.batch * p.heads_q * p.seqlen_q * dim);
@@ -238,6 +241,7 @@ Replay replay_decode(const Problem& pb, const KeySplit& split) {
                   const int64_t hq = h * k.group + row / k.seqlen_q, t = row % k.seqlen_q;
                   ++replay.seen[{((b * p.heads_q + hq) * p.seqlen_q + t), j}];
                   if (j >= p.seqlen_k) continue;  // counted above: the check below fails
+                  if (keep != nullptr && !(*keep)[b * p.seqlen_k + j]) continue;
                   double dot = 0;
                   for (int64_t d = 0; d < dim; ++d) {
                     dot += pb.q.get(b * p.q_strides.batch + hq * p.q_strides.head +
@@ -295,13 +299,21 @@ Replay replay_decode(const Problem& pb, const KeySplit& split) {
     for (int64_t c = 0; c < split.parts(); ++c) {
       largest = std::max(largest, chunk_lse[c * all_rows + r]);
     }
+    // As merged_lse / merged_value: a row without keys in any chunk is -inf and 0; a chunk
+    // without keys adds nothing.
+    if (std::isinf(largest)) {
+      replay.lse[r] = largest;
+      continue;
+    }
     double sum = 0;
-    for (int64_t c = 0; c < split.parts(); ++c)
+    for (int64_t c = 0; c < split.parts(); ++c) {
       sum += std::exp(chunk_lse[c * all_rows + r] - largest);
+    }
     replay.lse[r] = largest + std::log(sum);
     for (int64_t d = 0; d < dim; ++d) {
       double value = 0;
       for (int64_t c = 0; c < split.parts(); ++c) {
+        if (std::isinf(chunk_lse[c * all_rows + r])) continue;
         value += std::exp(chunk_lse[c * all_rows + r] - replay.lse[r]) *
                  chunk_out[(c * all_rows + r) * dim + d];
       }
@@ -311,8 +323,10 @@ Replay replay_decode(const Problem& pb, const KeySplit& split) {
   return replay;
 }
 
-// The definition in fp64: row (b, hq, t) sees keys j < seqlen_k with j <= t + right edge.
-void expect_replay_equals_definition(const Problem& pb, const Replay& replay) {
+// The definition in fp64: row (b, hq, t) sees keys j < seqlen_k with j <= t + right edge (and
+// keep[b, j], when given); a row that sees none has output 0 and lse -inf.
+void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
+                                     const std::vector<char>* keep = nullptr) {
   const AttentionParams& p = pb.params;
   const int64_t dim = p.head_dim, group = p.heads_q / p.heads_kv;
   const double scale = default_softmax_scale(dim);
@@ -335,8 +349,14 @@ void expect_replay_equals_definition(const Problem& pb, const Replay& replay) {
                 pb.k.get(b * p.k_strides.batch + hq / group * p.k_strides.head +
                          j * p.k_strides.seq + d);
           }
-          scores[j] = dot * scale;
+          const bool kept = keep == nullptr || (*keep)[b * p.seqlen_k + j];
+          scores[j] = kept ? dot * scale : -std::numeric_limits<double>::infinity();
           largest = std::max(largest, scores[j]);
+        }
+        if (std::isinf(largest)) {  // no key: 0 and -inf
+          EXPECT_TRUE(std::isinf(replay.lse[row]) && replay.lse[row] < 0) << "row " << row;
+          for (int64_t d = 0; d < dim; ++d) ASSERT_EQ(replay.out[row * dim + d], 0.0);
+          continue;
         }
         double sum = 0;
         for (int64_t j = 0; j < end; ++j) sum += std::exp(scores[j] - largest);
@@ -388,6 +408,25 @@ TEST(DecodePlan, ReplayedBlocksCountEveryVisibleKeyOnceAndEqualTheDefinition) {
     ASSERT_TRUE(detail::decode_kernel_takes(pb.params).ok());
     const KeySplit split = detail::plan_decode(pb.params, 264);
     expect_replay_equals_definition(pb, replay_decode(pb, split));
+  }
+}
+
+TEST(DecodePlan, ReplayedBlocksWithAKeyMaskEqualTheDefinition) {
+  // A padded batch: entry b keeps its first lengths[b] keys (entry 1 none: rows that see no key
+  // in any chunk), with and without a right edge; whole chunks hidden by the padding.
+  const int64_t lengths[] = {700, 0, 129, 1};
+  for (const int64_t right_edge : {int64_t{-1}, int64_t{600}}) {
+    SCOPED_TRACE(right_edge);
+    Problem pb({4, 8, 2, 3, 1000, 64, 64}, DType::kBFloat16, true, 19);
+    pb.params.mask.window_right = right_edge;
+    pb.params.num_splits = 6;
+    std::vector<char> keep(4 * 1000);
+    for (int64_t b = 0; b < 4; ++b) {
+      for (int64_t j = 0; j < lengths[b]; ++j) keep[b * 1000 + j] = 1;
+    }
+    const KeySplit split = detail::plan_decode(pb.params, 264);
+    ASSERT_GT(split.parts(), 1);
+    expect_replay_equals_definition(pb, replay_decode(pb, split, &keep), &keep);
   }
 }
 
