@@ -6,7 +6,6 @@
 #include "attention/alignment.h"
 #include "attention/key_split.h"
 #include "attention/prior_part.h"
-#include "attention/tensor_core/forward_launch.h"
 #include "attention/validate.h"
 #include "common/check.h"
 #include "common/device.h"
@@ -16,8 +15,6 @@ namespace {
 
 // Grid limits of the launch's y (kv heads) and z (batch entries) dimensions.
 constexpr int64_t kMaxGridYZ = 65535;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 Status declined(const std::string& why) {
   return Status::failure("the decoding kernel does not take " + why);
@@ -93,15 +90,12 @@ KeySplit plan_decode(const AttentionParams& p, int64_t resident_blocks) {
 }
 
 KeySplit decode_split_for(const AttentionParams& p) {
-  if (p.num_splits == 1 || !decode_kernel_takes(p).ok() || !tensor_core::supports(p).ok()) {
-    return {};
-  }
+  if (!decode_kernel_takes(p).ok()) return {};
+  const DeviceInfo& device = current_device_info();
   // Head dims 192 and 256 need more shared memory than sm86/sm89 blocks may opt in to.
-  if (decode_smem_bytes(static_cast<int>(p.head_dim)) > current_device_info().max_smem_optin) {
-    return {};
-  }
-  const int64_t resident = int64_t{current_device_info().multiprocessors} *
-                           tensor_core::decode_blocks_per_sm(p.dtype, p.head_dim);
+  if (decode_smem_bytes(static_cast<int>(p.head_dim)) > device.max_smem_optin) return {};
+  const int64_t resident =
+      int64_t{device.multiprocessors} * tensor_core::decode_blocks_per_sm(p.dtype, p.head_dim);
   return plan_decode(p, resident);
 }
 

@@ -130,13 +130,15 @@ Status decode_kernel_takes(const AttentionParams& params);
 
 // The chunks of a call the kernel takes on a device running `resident_blocks` of its blocks at
 // once. num_splits 0: as many chunks as batch * heads_kv * chunks <= resident blocks allows
-// (one wave), each at least two key tiles, at most 128 (the merge's bound); n > 1: about n. One chunk (parts() == 1, no
-// workspace, no merge) where the blocks already fill the device. Covers the keys any query can
-// see (all of them, or with a right edge r the first seqlen_q + r). on_decode_kernel is set.
+// (one wave), each at least two key tiles, at most 128 (the merge's bound); n > 1: about n. One
+// chunk (parts() == 1, no workspace, no merge) where the blocks already fill the device. Covers the
+// keys any query can see (all of them, or with a right edge r the first seqlen_q + r).
+// on_decode_kernel is set.
 KeySplit plan_decode(const AttentionParams& params, int64_t resident_blocks);
 
-// The plan for the current device, or parts() == 0 where the kernel does not take the call, the
-// tensor-core path cannot run on the device (tensor_core::supports) or its blocks do not fit.
+// The plan for the current device, or parts() == 0 where the kernel does not take the call or
+// its blocks do not fit. For key_split_for, which has checked num_splits != 1 and that the
+// tensor-core path runs the call on the device (tensor_core::supports).
 KeySplit decode_split_for(const AttentionParams& params);
 
 // The kernel's parameters; `workspace` (the split's, key_split.h) is used when parts() > 1.

@@ -68,12 +68,12 @@ Backend select_backend(const AttentionParams& params) {
 }
 
 std::string describe_forward(const AttentionParams& params) {
-  const std::string backend = backend_name(select_backend(params));
   const detail::KeySplit split = key_split_of(params);
-  if (split.parts() == 0) return backend;
+  if (split.parts() == 0) return backend_name(select_backend(params));
   const char* chunks = split.parts() == 1 ? " key chunk" : " key chunks";
-  return detail::concat(backend, ": ", split.on_decode_kernel ? "decoding kernel" : "split", ", ",
-                        split.parts(), chunks);
+  return detail::concat(backend_name(Backend::kTensorCore), ": ",
+                        split.on_decode_kernel ? "decoding kernel" : "split", ", ", split.parts(),
+                        chunks);
 }
 
 size_t attention_forward_workspace_bytes(const AttentionParams& params) {

@@ -15,8 +15,6 @@
 namespace samattn::detail {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 int mask_entry_bytes(MaskDType dtype) {
   switch (dtype) {
     case MaskDType::kBool:

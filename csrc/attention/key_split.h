@@ -34,6 +34,8 @@
 
 namespace samattn::detail {
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // A chunk of fewer key blocks than this pays its start, its fp32 store and its share of the
 // merge for too little streaming; the automatic choice keeps chunks at least this long.
 inline constexpr int64_t kMinChunkBlocks = 2;

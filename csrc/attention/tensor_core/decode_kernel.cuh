@@ -58,43 +58,39 @@ __device__ __forceinline__ int64_t decode_row_offset(const detail::DecodeKernelP
 }
 
 // A key mask's entry for (batch entry b, key) as raw bits, converted only when stored, so the
-// load stays in flight for an iteration.
-__device__ __forceinline__ uint64_t load_mask_bits(const detail::DecodeKernelParams& p, int64_t b,
+// load stays in flight for an iteration. Validation admits bool, float32 or the inputs' dtype
+// (float16, bfloat16 here).
+__device__ __forceinline__ uint32_t load_mask_bits(const detail::DecodeKernelParams& p, int64_t b,
                                                    int64_t key) {
   const int64_t offset = b * p.mask_batch_stride + key * p.mask_col_stride;
   switch (p.mask_dtype) {
     case MaskDType::kBool:
       return static_cast<const unsigned char*>(p.mask)[offset];
-    case MaskDType::kFloat64:
-      return static_cast<const unsigned long long*>(p.mask)[offset];
     case MaskDType::kFloat32:
       return static_cast<const uint32_t*>(p.mask)[offset];
     case MaskDType::kFloat16:
     case MaskDType::kBFloat16:
       return static_cast<const uint16_t*>(p.mask)[offset];
+    default:
+      return 0;
   }
-  return 0;
 }
 
 // The additive term of those bits in the log2 domain: 0 or -inf for a boolean mask, value *
 // log2(e) for a float one (the other kernels' element_mask_log2).
-__device__ __forceinline__ float mask_term_log2(MaskDType dtype, uint64_t bits) {
-  constexpr double kLog2e = 1.4426950408889634;
+__device__ __forceinline__ float mask_term_log2(MaskDType dtype, uint32_t bits) {
   switch (dtype) {
     case MaskDType::kBool:
       return bits != 0 ? 0.f : -INFINITY;
-    case MaskDType::kFloat64:
-      return static_cast<float>(__longlong_as_double(static_cast<long long>(bits)) * kLog2e);
     case MaskDType::kFloat32:
-      return __uint_as_float(static_cast<uint32_t>(bits)) * static_cast<float>(kLog2e);
+      return __uint_as_float(bits) * kLog2e;
     case MaskDType::kFloat16:
-      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits))) *
-             static_cast<float>(kLog2e);
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits))) * kLog2e;
     case MaskDType::kBFloat16:
-      return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(bits))) *
-             static_cast<float>(kLog2e);
+      return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(bits))) * kLog2e;
+    default:
+      return 0.f;
   }
-  return 0.f;
 }
 
 // One masked score: exactly -inf for a key the mask or the structure (already -inf) hides, even
@@ -146,8 +142,10 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   const auto* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                   head_kv * p.v_head_stride + chunk.begin * p.v_row_stride;
 
-  // Query rows: 16-byte copies with each row's own address; rows past `rows` are zeros.
-  for (int i = static_cast<int>(threadIdx.x); i < Cfg::kMaxRows * Cfg::kChunksPerRow;
+  // Query rows of the computed 16-row tiles: 16-byte copies with each row's own address; rows
+  // past `rows` are zeros.
+  const int tile_rows = (rows + 15) / 16 * 16;
+  for (int i = static_cast<int>(threadIdx.x); i < tile_rows * Cfg::kChunksPerRow;
        i += Cfg::kThreads) {
     const int row = i / Cfg::kChunksPerRow;
     const int col = i % Cfg::kChunksPerRow * Cfg::kChunkElems;
@@ -177,7 +175,7 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   const bool key_mask = p.mask != nullptr;
   const int mask_key = static_cast<int>(threadIdx.x);
   const bool moves_mask = key_mask && mask_key < kBlockN;
-  uint64_t mask_bits = 0;
+  uint32_t mask_bits = 0;
   bool mask_key_exists = false;
   const auto load_mask = [&](int64_t tile) {
     const int64_t key = tile * kBlockN + mask_key;
