@@ -145,6 +145,17 @@ SAMATTN_HOST_DEVICE float chunk_weight(float lse, float merged) {
   return merged == -INFINITY ? 0.f : expf(lse - merged);
 }
 
+// A chunk's slot in the merge of a row's output: kNoKeys for a chunk that saw no key (lse -inf),
+// which adds nothing whatever its output holds; else its weight, whose product with the chunk's
+// output keeps a NaN output even where the weight underflows to 0.
+inline constexpr float kNoKeys = -1.f;
+SAMATTN_HOST_DEVICE float chunk_slot(float lse, float merged) {
+  return lse == -INFINITY ? kNoKeys : chunk_weight(lse, merged);
+}
+SAMATTN_HOST_DEVICE float chunk_share(float slot, float out) {
+  return slot == kNoKeys ? 0.f : slot * out;
+}
+
 // The whole merge of one row: `lse` points at the row's lse in chunk 0, consecutive chunks
 // `chunk_stride` apart.
 SAMATTN_HOST_DEVICE float merged_lse(const float* lse, int64_t parts, int64_t chunk_stride) {
@@ -165,9 +176,7 @@ SAMATTN_HOST_DEVICE float merged_value(const float* out, const float* lse, int64
   if (merged != merged) return NAN;
   float value = 0.f;
   for (int64_t c = 0; c < parts; ++c) {
-    const float chunk_lse = lse[c * lse_chunk_stride];
-    if (chunk_lse == -INFINITY) continue;
-    value += chunk_weight(chunk_lse, merged) * out[c * out_chunk_stride];
+    value += chunk_share(chunk_slot(lse[c * lse_chunk_stride], merged), out[c * out_chunk_stride]);
   }
   return value;
 }

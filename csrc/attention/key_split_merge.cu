@@ -14,8 +14,6 @@ namespace {
 
 // Head dims are at most kMaxHeadDim (256): two columns per thread at most.
 constexpr int kMergeThreads = 128;
-// The weight slot of a chunk that saw no key (lse -inf); real weights are >= 0 or NaN.
-constexpr float kNoKeys = -1.f;
 
 struct MergeParams {
   const float* parts_out;  // (parts, rows, dim_v)
@@ -28,15 +26,15 @@ struct MergeParams {
 };
 
 // One block per row (grid-stride). Warp 0 reads the row's chunk lse (at most kMaxChunks, 4 a
-// lane), reduces them with shuffles and leaves each chunk's weight in shared memory; then every
-// thread sums its columns over the chunks, whose loads are independent and unrolled so that
-// several are in flight (the chunks' outputs come from L2: a serial chain of them would set the
-// merge's time).
+// lane), reduces them with shuffles and leaves each chunk's slot (chunk_slot) in shared memory;
+// then every thread sums its columns over the chunks, whose loads are independent and unrolled so
+// that several are in flight (the chunks' outputs come from L2: a serial chain of them would set
+// the merge's time).
 template <typename Element>
 __global__ void __launch_bounds__(kMergeThreads) merge_key_split_kernel(const MergeParams m) {
   constexpr int kPerLane = static_cast<int>(kMaxChunks) / 32;
   static_assert(kMaxChunks % 32 == 0, "warp 0 holds the chunks' lse, kPerLane a lane");
-  __shared__ float weights[kMaxChunks];
+  __shared__ float slots[kMaxChunks];
   __shared__ float row_lse;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t row = blockIdx.x; row < m.rows; row += gridDim.x) {
@@ -64,7 +62,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_key_split_kernel(const Me
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const int64_t c = lane + 32 * i;
-        if (c < m.parts) weights[c] = lse[i] == -INFINITY ? kNoKeys : chunk_weight(lse[i], merged);
+        if (c < m.parts) slots[c] = chunk_slot(lse[i], merged);
       }
       if (lane == 0) row_lse = merged;
     }
@@ -81,16 +79,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_key_split_kernel(const Me
       float value = 0.f;
 #pragma unroll 8
       for (int64_t c = 0; c < m.parts; ++c) {
-        // As merged_value: a chunk without keys adds nothing; another's NaN output is kept
-        // even at weight 0.
-        const float weight = weights[c];
-        const float part = parts_out[c * chunk_stride + d];  // loaded whatever the weight
-        value += weight == kNoKeys ? 0.f : weight * part;
+        // Loaded whatever the slot, so the loads need not wait for it.
+        value += chunk_share(slots[c], parts_out[c * chunk_stride + d]);
       }
       out[d] = simt::narrow<Element>(merged != merged ? NAN : value);
     }
     if (threadIdx.x == 0 && m.lse != nullptr) m.lse[row] = merged;
-    __syncthreads();  // the weights are rewritten for the next row
+    __syncthreads();  // the slots are rewritten for the next row
   }
 }
 
