@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "attention/backward_kernel_params.h"
+#include "attention/cache_seqlens.h"
 #include "attention/hopper/backward_launch.h"
 #include "attention/simt/backward_launch.h"
 #include "attention/strided_pattern.h"
@@ -107,10 +108,18 @@ detail::BackwardKernelParams make_backward_kernel_params(const AttentionBackward
 }  // namespace
 
 Backend select_backward_backend(const AttentionBackwardParams& params) {
+  if (params.forward.mask.has_cache_seqlens()) {
+    return resolve_backward_backend(detail::entry_sizing_backward_params(params));
+  }
   return resolve_backward_backend(params);
 }
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardParams& params) {
+  // Per-entry key lengths run one backward per batch entry (cache_seqlens.h), in stream order
+  // on one workspace.
+  if (params.forward.mask.has_cache_seqlens()) {
+    return attention_backward_workspace_bytes(detail::entry_sizing_backward_params(params));
+  }
   const AttentionParams& p = params.forward;
   if (p.batch <= 0 || p.heads_q <= 0 || p.seqlen_q <= 0) return 0;
   const size_t strided =
@@ -123,6 +132,10 @@ void attention_backward(const AttentionBackwardParams& params, cudaStream_t stre
   detail::validate_backward_launch(params);
   const AttentionParams& p = params.forward;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;
+  if (p.mask.has_cache_seqlens()) {
+    detail::per_entry_backward(params, stream);
+    return;
+  }
   const Backend backend = resolve_backward_backend(params);
   if (p.mask.is_varlen() && backend == Backend::kSimt) {
     // The SIMT kernels take one dense sequence at a time (attention/varlen.h), after one host

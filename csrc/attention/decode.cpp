@@ -27,7 +27,8 @@ int64_t right_edge(const AttentionParams& p) {
 }
 
 // Keys any query sees: all, or with a right edge r the first seqlen_q + r (query t sees
-// j <= t + r).
+// j <= t + r). Bottom-right causal and cache_seqlens hide keys per entry; the plan covers the
+// longest (chunks past an entry's keys do nothing).
 int64_t visible_keys(const AttentionParams& p) {
   if (right_edge(p) < 0) return p.seqlen_k;
   return std::min(p.seqlen_k, p.seqlen_q + right_edge(p));
@@ -47,9 +48,11 @@ Status decode_kernel_takes(const AttentionParams& p) {
   }
   if (p.kv_stride != 1) return declined(concat("kv_stride ", p.kv_stride, " (1)"));
   const MaskOptions& m = p.mask;
-  if (p.causal || m.causal_lower_right || m.has_block_map() || m.is_varlen() ||
-      m.pattern != SparsePattern::kNone || m.window_left >= 0) {
-    return declined("causal or mask options other than a window's right edge and attn_mask");
+  if (p.causal || m.has_block_map() || m.is_varlen() || m.pattern != SparsePattern::kNone ||
+      m.window_left >= 0) {
+    return declined(
+        "top-left causal or mask options other than bottom-right causal, a window's right edge, "
+        "cache_seqlens and attn_mask");
   }
   if (m.has_element_mask() && (m.head_stride != 0 || (m.row_stride != 0 && p.seqlen_q > 1))) {
     return declined("an attn_mask that varies over heads or query rows (a key mask only)");
@@ -131,6 +134,8 @@ DecodeKernelParams make_decode_kernel_params(const AttentionParams& p, const Key
   k.seqlen_k = p.seqlen_k;
   k.chunk_keys = split.chunk_keys;
   k.right_edge = right_edge(p);
+  k.lower_right = p.mask.causal_lower_right;
+  k.cache_seqlens = p.mask.cache_seqlens;
   k.scale_log2 = static_cast<float>(resolved_softmax_scale(p) * M_LOG2E);
   k.mask = p.mask.data;
   k.mask_dtype = p.mask.dtype;

@@ -14,11 +14,12 @@
 //    at the end the warps' softmax states merge in shared memory;
 //  - one chunk writes the output and lse directly; several write fp32 parts that the split's
 //    merge (key_split_merge.cu) combines.
-// Calls it takes: float16/bfloat16, head dims 64, 96, 128, 192 and 256, kv_stride 1, no causal, no
-// mask options but a window's right edge r (query t sees keys j <= t + r: bottom-right causal, new
-// tokens against a cache) and an attn_mask that is the same for every head and query (a padded
-// batch's key mask, (B|1, 1, 1, Sk), or any broadcast over heads with one query), 16-byte aligned
-// rows (the tensor-core path's alignment).
+// Calls it takes: float16/bfloat16, head dims 64, 96, 128, 192 and 256, kv_stride 1, no top-left
+// causal, no mask options but bottom-right causal (new tokens against a cache), a window's right
+// edge r (query t sees keys j <= t + r), per-entry key lengths (cache_seqlens: read on the device,
+// chunks past an entry's length do nothing) and an attn_mask that is the same for every head and
+// query (a padded batch's key mask, (B|1, 1, 1, Sk), or any broadcast over heads with one query),
+// 16-byte aligned rows (the tensor-core path's alignment).
 #pragma once
 
 #include <cstdint>
@@ -66,8 +67,14 @@ struct DecodeKernelParams {
   int64_t o_batch_stride, o_head_stride, o_row_stride;
   int64_t heads_kv, group, seqlen_q, seqlen_k;
   int64_t chunk_keys, parts;
-  int64_t right_edge;  // -1: none; else query t sees keys j <= t + right_edge
-  float scale_log2;    // softmax scale * log2(e)
+  int64_t right_edge;  // the window's: -1: none; else query t sees keys j <= t + right_edge
+  // Bottom-right causal: query t of entry b sees keys j <= t + keys(b) - seqlen_q (with a window's
+  // right edge, the nearer of the two).
+  bool lower_right;
+  // Per-entry key lengths (MaskOptions::cache_seqlens), or null: entry b's keys are its first
+  // cache_seqlens[b], clamped to [0, seqlen_k] (the contents are the caller's, as for varlen).
+  const int32_t* cache_seqlens;
+  float scale_log2;  // softmax scale * log2(e)
   // A key mask (attn_mask the same for every head and query row, as a padded batch's), or
   // null: key j of batch entry b at mask + b * mask_batch_stride + j * mask_col_stride.
   const void* mask;
@@ -75,24 +82,41 @@ struct DecodeKernelParams {
   int64_t mask_batch_stride, mask_col_stride;
 };
 
-// Chunk `chunk` of a block: its keys [begin, end), and, relative to begin, the keys some row
-// sees (any_end: the last query's right edge) and that every row sees (all_end: the first
-// query's); either may be <= 0. tiles: the 64-key tiles that cover [0, any_end).
+// Chunk `chunk` of a block of batch entry b: its keys [begin, end) (empty where the chunk starts
+// past the entry's keys), and, relative to begin, the keys some row sees (any_end: the last
+// query's right edge) and that every row sees (all_end: the first query's); either may be <= 0.
+// tiles: the 64-key tiles that cover [0, any_end). edge: where has_edge, query t sees keys
+// j <= t + edge (the window's right edge or bottom-right causal, the nearer).
 struct DecodeChunk {
   int64_t begin, end, any_end, all_end, tiles;
+  int64_t edge;
+  bool has_edge;
 };
 
 SAMATTN_HOST_DEVICE int64_t decode_min(int64_t a, int64_t b) { return a < b ? a : b; }
+SAMATTN_HOST_DEVICE int64_t decode_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-SAMATTN_HOST_DEVICE DecodeChunk decode_chunk(const DecodeKernelParams& p, int64_t chunk) {
+// Keys of batch entry b: seqlen_k, or its cache_seqlens entry clamped to [0, seqlen_k].
+SAMATTN_HOST_DEVICE int64_t decode_entry_keys(const DecodeKernelParams& p, int64_t b) {
+  if (p.cache_seqlens == nullptr) return p.seqlen_k;
+  return decode_min(p.seqlen_k, decode_max(int64_t{0}, p.cache_seqlens[b]));
+}
+
+SAMATTN_HOST_DEVICE DecodeChunk decode_chunk(const DecodeKernelParams& p, int64_t chunk,
+                                             int64_t b) {
+  const int64_t keys = decode_entry_keys(p, b);
   DecodeChunk c;
+  c.has_edge = p.right_edge >= 0 || p.lower_right;
+  c.edge = p.right_edge >= 0 ? p.right_edge : keys;
+  // keys - seqlen_q >= -64 and right_edge < seqlen_k (the host's): no overflow below.
+  if (p.lower_right) c.edge = decode_min(c.edge, keys - p.seqlen_q);
   c.begin = chunk * p.chunk_keys;
-  c.end = decode_min(p.seqlen_k, c.begin + p.chunk_keys);
+  c.end = decode_max(c.begin, decode_min(keys, c.begin + p.chunk_keys));
   c.any_end = c.end - c.begin;
   c.all_end = c.any_end;
-  if (p.right_edge >= 0) {
-    c.any_end = decode_min(c.any_end, p.seqlen_q + p.right_edge - c.begin);
-    c.all_end = decode_min(c.all_end, p.right_edge + 1 - c.begin);
+  if (c.has_edge) {
+    c.any_end = decode_min(c.any_end, p.seqlen_q + c.edge - c.begin);
+    c.all_end = decode_min(c.all_end, c.edge + 1 - c.begin);
   }
   c.tiles = c.any_end > 0 ? (c.any_end + kDecodeBlockN - 1) / kDecodeBlockN : 0;
   return c;
@@ -103,8 +127,8 @@ SAMATTN_HOST_DEVICE DecodeChunk decode_chunk(const DecodeKernelParams& p, int64_
 SAMATTN_HOST_DEVICE int64_t decode_row_end(const DecodeKernelParams& p, const DecodeChunk& c,
                                            int row, int rows) {
   const int64_t end = c.end - c.begin;
-  if (p.right_edge < 0 || row >= rows) return end;
-  return decode_min(end, row % p.seqlen_q + p.right_edge + 1 - c.begin);
+  if (!c.has_edge || row >= rows) return end;
+  return decode_min(end, row % p.seqlen_q + c.edge + 1 - c.begin);
 }
 
 // What warp `warp` of `warps` computes for a block of `rows` query rows: 16-row mma tile
@@ -137,8 +161,9 @@ Status decode_kernel_takes(const AttentionParams& params);
 KeySplit plan_decode(const AttentionParams& params, int64_t resident_blocks);
 
 // The plan for the current device, or parts() == 0 where the kernel does not take the call or
-// its blocks do not fit. For key_split_for, which has checked num_splits != 1 and that the
-// tensor-core path runs the call on the device (tensor_core::supports).
+// its blocks do not fit. For key_split_for, which has checked num_splits (!= 1, or 1 with
+// cache_seqlens: one chunk) and that the tensor-core path runs the call on the device
+// (tensor_core::supports).
 KeySplit decode_split_for(const AttentionParams& params);
 
 // The kernel's parameters; `workspace` (the split's, key_split.h) is used when parts() > 1.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "attention/cache_seqlens.h"
 #include "attention/decode.h"
 #include "attention/fixed_pattern.h"
 #include "attention/hopper/forward_launch.h"
@@ -35,17 +36,25 @@ bool hopper_allowed(const AttentionParams& params) {
 // The split-key forward (key_split.h) the call runs: its chunks run on the tensor-core kernels,
 // so neither SIMT nor the Hopper forward may have been asked for. parts() == 0: no split.
 detail::KeySplit key_split_of(const AttentionParams& params) {
-  if (params.num_splits == 1 || params.backend == Backend::kSimt ||
-      params.backend == Backend::kHopper || simt_forced_by_environment()) {
+  const bool unsplit = params.num_splits == 1 && !params.mask.has_cache_seqlens();
+  if (unsplit || params.backend == Backend::kSimt || params.backend == Backend::kHopper ||
+      simt_forced_by_environment()) {
     return {};
   }
   return detail::key_split_for(params);
+}
+
+// Whether per-entry key lengths run one call per batch entry (cache_seqlens.h): everywhere but
+// on the decoding kernel.
+bool runs_per_entry(const AttentionParams& params) {
+  return params.mask.has_cache_seqlens() && !key_split_of(params).on_decode_kernel;
 }
 
 }  // namespace
 
 Backend select_backend(const AttentionParams& params) {
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
+  if (runs_per_entry(params)) return select_backend(detail::entry_sizing_params(params));
   if (key_split_of(params).parts() > 0) return Backend::kTensorCore;
   // The fixed pattern runs mostly on the Hopper forward through its decomposition.
   const bool hopper_ok =
@@ -68,6 +77,10 @@ Backend select_backend(const AttentionParams& params) {
 }
 
 std::string describe_forward(const AttentionParams& params) {
+  if (runs_per_entry(params)) {
+    return describe_forward(detail::entry_sizing_params(params)) +
+           ", one call per batch entry (cache_seqlens)";
+  }
   const detail::KeySplit split = key_split_of(params);
   if (split.parts() == 0) return backend_name(select_backend(params));
   const char* chunks = split.parts() == 1 ? " key chunk" : " key chunks";
@@ -77,6 +90,9 @@ std::string describe_forward(const AttentionParams& params) {
 }
 
 size_t attention_forward_workspace_bytes(const AttentionParams& params) {
+  if (runs_per_entry(params)) {
+    return attention_forward_workspace_bytes(detail::entry_sizing_params(params));
+  }
   switch (params.mask.pattern) {
     case SparsePattern::kStrided:
       return params.backend == Backend::kSimt ? 0 : detail::strided_forward_workspace_bytes(params);
@@ -120,6 +136,10 @@ void simt_varlen_forward(const AttentionParams& params, cudaStream_t stream) {
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
+  if (runs_per_entry(params)) {
+    detail::per_entry_forward(params, stream);
+    return;
+  }
   // A split call, when its workspace was given (or, on the decoding kernel, with one chunk that
   // needs none); without one it runs as with num_splits 1.
   if (const detail::KeySplit split = key_split_of(params); split.parts() > 0) {

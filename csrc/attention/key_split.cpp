@@ -15,21 +15,6 @@
 namespace samattn::detail {
 namespace {
 
-int mask_entry_bytes(MaskDType dtype) {
-  switch (dtype) {
-    case MaskDType::kBool:
-      return 1;
-    case MaskDType::kFloat64:
-      return 8;
-    case MaskDType::kFloat32:
-      return 4;
-    case MaskDType::kFloat16:
-    case MaskDType::kBFloat16:
-      return 2;
-  }
-  return 1;
-}
-
 // Query rows of every (batch, head) in the workspace arrays.
 int64_t workspace_rows(const AttentionParams& p) { return p.batch * p.heads_q * p.seqlen_q; }
 
@@ -56,7 +41,7 @@ AttentionParams packed_query_heads(const AttentionParams& p) {
 bool splittable_mask(const AttentionParams& p) {
   const MaskOptions& m = p.mask;
   return !m.has_block_map() && !m.is_varlen() && m.pattern == SparsePattern::kNone &&
-         m.window_left < 0 && !m.causal_lower_right;
+         m.window_left < 0 && !m.causal_lower_right && !m.has_cache_seqlens();
 }
 
 bool chunk_heads_merge(const AttentionParams& p) {
@@ -96,8 +81,12 @@ KeySplit plan_key_split(const AttentionParams& p, int multiprocessors, SplitTile
 }
 
 KeySplit key_split_for(const AttentionParams& p) {
-  if (p.num_splits == 1 || !tensor_core::supports(p).ok()) return {};
+  // cache_seqlens: the decoding kernel reads them on the device even unsplit (num_splits 1, one
+  // chunk), where the other paths would read them back and run one call per batch entry.
+  const bool lengths = p.mask.has_cache_seqlens();
+  if ((p.num_splits == 1 && !lengths) || !tensor_core::supports(p).ok()) return {};
   if (const KeySplit decode = decode_split_for(p); decode.parts() > 0) return decode;
+  if (p.num_splits == 1 || lengths) return {};
   const DeviceInfo& device = current_device_info();
   const int bytes = dtype_size(p.dtype);
   // The chunks write fp32 outputs, which only the masked kernel does: it needs a little more

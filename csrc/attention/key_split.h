@@ -97,7 +97,8 @@ KeySplit plan_key_split(const AttentionParams& params, int multiprocessors, Spli
 // also when the tensor-core kernels cannot take the call): the decoding kernel's plan
 // (decode_split_for) where it takes the call, else the tensor-core kernels' chunks, planned on
 // packed_query_heads(params); the workspace, the launches and the merge below take the packed
-// parameters then.
+// parameters then. A call with cache_seqlens gets the decoding kernel's plan even at num_splits 1
+// (one chunk) and never the tensor-core chunks.
 KeySplit key_split_for(const AttentionParams& params);
 
 // fp32 workspace of a split: each chunk's output (parts, batch, heads_q, seqlen_q, head_dim_v)

@@ -21,6 +21,10 @@ void validate_mask_options(const AttentionParams& params);
 // no sequence exceeds seqlen_q/k (the references read them; device arrays are the caller's).
 void validate_host_cu_seqlens(const AttentionParams& params);
 
+// cache_seqlens in host memory: each entry in [0, seqlen_k] (the references and the per-entry
+// path read them; the decoding kernel clamps them on the device).
+void validate_host_cache_seqlens(const AttentionParams& params);
+
 double resolved_softmax_scale(const AttentionParams& params);
 
 // Throws samattn::Error naming the first invalid field of a backward problem (the forward

@@ -113,6 +113,9 @@ void validate_mask_options(const AttentionParams& p) {
   SAMATTN_CHECK((m.cu_seqlens_q == nullptr) == (m.cu_seqlens_k == nullptr),
                 "cu_seqlens_q and cu_seqlens_k must be given together (varlen), got ",
                 m.cu_seqlens_q == nullptr ? "only cu_seqlens_k" : "only cu_seqlens_q");
+  SAMATTN_CHECK(!(m.has_cache_seqlens() && m.is_varlen()),
+                "cache_seqlens (per-entry key lengths of a dense batch) with varlen: "
+                "cu_seqlens_k already gives each sequence its keys; expected one of the two");
   if (m.is_varlen()) {
     SAMATTN_CHECK(m.total_q >= 0 && m.total_k >= 0, "varlen total_q and total_k must be >= 0, got ",
                   m.total_q, " and ", m.total_k);
@@ -143,6 +146,15 @@ void validate_host_cu_seqlens(const AttentionParams& p) {
   };
   check(m.cu_seqlens_q, m.total_q, p.seqlen_q, "cu_seqlens_q", "max_seqlen_q");
   check(m.cu_seqlens_k, m.total_k, p.seqlen_k, "cu_seqlens_k", "max_seqlen_k");
+}
+
+void validate_host_cache_seqlens(const AttentionParams& p) {
+  if (!p.mask.has_cache_seqlens()) return;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t length = p.mask.cache_seqlens[b];
+    SAMATTN_CHECK(length >= 0 && length <= p.seqlen_k, "cache_seqlens[", b, "] is ", length,
+                  ", expected 0 <= value <= seqlen_k (", p.seqlen_k, ")");
+  }
 }
 
 }  // namespace detail

@@ -17,6 +17,22 @@ inline void* advance(void* base, int64_t elements, int element_bytes) {
   return base == nullptr ? nullptr : static_cast<char*>(base) + elements * element_bytes;
 }
 
+// Bytes of one element mask entry.
+inline int mask_entry_bytes(MaskDType dtype) {
+  switch (dtype) {
+    case MaskDType::kBool:
+      return 1;
+    case MaskDType::kFloat64:
+      return 8;
+    case MaskDType::kFloat32:
+      return 4;
+    case MaskDType::kFloat16:
+    case MaskDType::kBFloat16:
+      return 2;
+  }
+  return 1;
+}
+
 // Whether the (batch, head) pairs of q, k, v (and dout, for a backward) merge into one head
 // index with one stride, so that a view can take every batch entry in one launch.
 inline bool heads_merge(const AttentionParams& p, const Strides* dout = nullptr) {

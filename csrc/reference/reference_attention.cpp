@@ -90,6 +90,7 @@ void reference_head(const AttentionParams& p, int64_t b, int64_t h, double scale
 void reference_attention_forward(const AttentionParams& params) {
   detail::validate_forward_params(params);
   detail::validate_host_cu_seqlens(params);
+  detail::validate_host_cache_seqlens(params);
   if (detail::output_rows(params) == 0) return;
   const double scale = detail::resolved_softmax_scale(params);
   const int64_t slices = params.batch * params.heads_q;

@@ -94,14 +94,16 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
       }
     }
   }
-  for (int64_t j = 0; j < sk; ++j) {
+  // A dense entry's rows past its cache_seqlens are no keys of it: zero gradients.
+  const int64_t rows_written = p.mask.has_cache_seqlens() ? p.seqlen_k : sk;
+  for (int64_t j = 0; j < rows_written; ++j) {
     for (int64_t c = 0; c < d; ++c) {
       detail::store_from_double(bp.dk, offset(bp.dk_strides, b, hk, j, c, k0), t,
-                                scale * dk[j * d + c]);
+                                j < sk ? scale * dk[j * d + c] : 0.0);
     }
     for (int64_t c = 0; c < dv_dim; ++c) {
       detail::store_from_double(bp.dv, offset(bp.dv_strides, b, hk, j, c, k0), t,
-                                dv[j * dv_dim + c]);
+                                j < sk ? dv[j * dv_dim + c] : 0.0);
     }
   }
 }
@@ -111,6 +113,7 @@ void reference_kv_head(const AttentionBackwardParams& bp, int64_t b, int64_t hk,
 void reference_attention_backward(const AttentionBackwardParams& params) {
   detail::validate_backward_params(params);
   detail::validate_host_cu_seqlens(params.forward);
+  detail::validate_host_cache_seqlens(params.forward);
   const AttentionParams& p = params.forward;
   const double scale = detail::resolved_softmax_scale(p);
   const int64_t slices = p.batch * p.heads_kv;

@@ -13,13 +13,15 @@
 
 namespace samattn::detail {
 
-// The rows of sequence `b`: its first row in the (packed or per-batch) tensors and its lengths.
+// The rows of sequence `b`: its first row in the (packed or per-batch) tensors and its lengths
+// (a dense batch entry's keys: cache_seqlens[b] where given).
 struct SequenceRows {
   int64_t q_row0, k_row0;  // added to the row index (0 unless varlen)
   int64_t seqlen_q, seqlen_k;
 };
 
 inline SequenceRows sequence_rows(const AttentionParams& p, int64_t b) {
+  if (p.mask.has_cache_seqlens()) return {0, 0, p.seqlen_q, p.mask.cache_seqlens[b]};
   if (!p.mask.is_varlen()) return {0, 0, p.seqlen_q, p.seqlen_k};
   const int64_t q0 = p.mask.cu_seqlens_q[b], k0 = p.mask.cu_seqlens_k[b];
   return {q0, k0, p.mask.cu_seqlens_q[b + 1] - q0, p.mask.cu_seqlens_k[b + 1] - k0};

@@ -59,12 +59,15 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
   const auto at = [](const Strides& s, int64_t b, int64_t h, int64_t row) {
     return b * s.batch + h * s.head + row * s.seq;
   };
-  const detail::MaskPolicy policy =
-      detail::for_sequence(detail::make_mask_policy(p.causal, p.mask), p.seqlen_q, p.seqlen_k);
   std::vector<double> bias(sk);
   std::vector<double> prob(sk), ds(sk), dk(sk * d), dk_terms(sk * d), dv(sk * dvd),
       dv_terms(sk * dvd), dq(d), dq_terms(d);
   for (int64_t b = 0; b < p.batch; ++b) {
+    // An entry's own keys (cache_seqlens), which bottom-right causal aligns to; the rows past
+    // them get zero gradients.
+    const int64_t keys = p.mask.has_cache_seqlens() ? p.mask.cache_seqlens[b] : sk;
+    const detail::MaskPolicy policy =
+        detail::for_sequence(detail::make_mask_policy(p.causal, p.mask), p.seqlen_q, keys);
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dk_terms.begin(), dk_terms.end(), 0.0);
@@ -87,7 +90,7 @@ inline RoundedBackward rounded_backward(const AttentionBackwardParams& bp, int64
           // Which keys the row sees and the additive mask term of each (reference_mask.h, the
           // reference's rules: kv_stride, causal, window, pattern, block map, element mask).
           const auto visible = [&](int64_t j) {
-            return detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
+            return j < keys && detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
           };
           const double* qi = &q_rows[i * d];
           const double* oi = &out_rows[i * dvd];

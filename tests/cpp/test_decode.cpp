@@ -68,7 +68,10 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
   declined(q, "mask options");
   q = p;
   q.mask.causal_lower_right = true;
-  declined(q, "mask options");
+  EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "bottom-right causal";
+  const int32_t lengths[2] = {4000, 17};
+  q.mask.cache_seqlens = lengths;
+  EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "cache_seqlens";
   q = p;
   q.seqlen_q = 17;  // 4 query heads per kv head: 68 rows
   declined(q, "68 rows");
@@ -219,7 +222,7 @@ Replay replay_decode(const Problem& pb, const KeySplit& split,
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads_kv; ++h) {
       for (int64_t c = 0; c < split.parts(); ++c) {
-        const detail::DecodeChunk chunk = detail::decode_chunk(k, c);
+        const detail::DecodeChunk chunk = detail::decode_chunk(k, c, b);
         std::vector<std::vector<RowState>> state(warps, std::vector<RowState>(16));
         for (int w = 0; w < warps; ++w) {
           const detail::DecodeWarpRole role = detail::decode_warp_role(rows, w, warps);
@@ -323,8 +326,19 @@ Replay replay_decode(const Problem& pb, const KeySplit& split,
   return replay;
 }
 
-// The definition in fp64: row (b, hq, t) sees keys j < seqlen_k with j <= t + right edge (and
-// keep[b, j], when given); a row that sees none has output 0 and lse -inf.
+// The keys [0, end) that query t of batch entry b sees by the definition: the entry's keys
+// (cache_seqlens[b] or seqlen_k), then j <= t + the window's right edge, and with bottom-right
+// causal j <= t + keys - seqlen_q.
+int64_t definition_end(const AttentionParams& p, int64_t b, int64_t t) {
+  const int64_t keys = p.mask.cache_seqlens != nullptr ? p.mask.cache_seqlens[b] : p.seqlen_k;
+  int64_t end = keys;
+  if (p.mask.window_right >= 0) end = std::min(end, t + p.mask.window_right + 1);
+  if (p.mask.causal_lower_right) end = std::min(end, t + keys - p.seqlen_q + 1);
+  return std::max<int64_t>(end, 0);
+}
+
+// The definition in fp64: row (b, hq, t) sees keys j < definition_end(b, t) (and keep[b, j],
+// when given); a row that sees none has output 0 and lse -inf.
 void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
                                      const std::vector<char>* keep = nullptr) {
   const AttentionParams& p = pb.params;
@@ -334,9 +348,7 @@ void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
     for (int64_t hq = 0; hq < p.heads_q; ++hq) {
       for (int64_t t = 0; t < p.seqlen_q; ++t) {
         const int64_t row = (b * p.heads_q + hq) * p.seqlen_q + t;
-        const int64_t end = p.mask.window_right < 0
-                                ? p.seqlen_k
-                                : std::min(p.seqlen_k, t + p.mask.window_right + 1);
+        const int64_t end = definition_end(p, b, t);
         std::vector<double> scores(end);
         double largest = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < end; ++j) {
@@ -375,8 +387,8 @@ void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
   }
   for (const auto& [row_key, times] : replay.seen) {
     const int64_t t = row_key.first % p.seqlen_q, j = row_key.second;
-    const bool visible =
-        j < p.seqlen_k && (p.mask.window_right < 0 || j <= t + p.mask.window_right);
+    const int64_t b = row_key.first / (p.heads_q * p.seqlen_q);
+    const bool visible = j < definition_end(p, b, t);
     ASSERT_TRUE(visible) << "row " << row_key.first << " counted hidden key " << j;
   }
 }
@@ -427,6 +439,60 @@ TEST(DecodePlan, ReplayedBlocksWithAKeyMaskEqualTheDefinition) {
     const KeySplit split = detail::plan_decode(pb.params, 264);
     ASSERT_GT(split.parts(), 1);
     expect_replay_equals_definition(pb, replay_decode(pb, split, &keep), &keep);
+  }
+}
+
+TEST(DecodePlan, ReplayedBlocksWithCacheLengthsAndBottomRightCausalEqualTheDefinition) {
+  // Per-entry key lengths (cache_seqlens): an empty entry, one shorter than a slice, one whose
+  // keys end inside a chunk and whose later chunks do nothing, one at the full length; with
+  // bottom-right causal (new tokens aligned to each entry's own length, entry 3 with fewer
+  // keys than queries), a window's right edge, both, and a key mask on top.
+  const int32_t lengths[] = {0, 5, 701, 1000, 2};
+  struct LengthCase {
+    const char* name;
+    bool lower_right;
+    int64_t window_right, num_splits;
+    bool key_mask;
+  };
+  const LengthCase cases[] = {
+      {"lengths", false, -1, 6, false},
+      {"lengths_lower_right", true, -1, 6, false},
+      {"lengths_lower_right_one_chunk", true, -1, 1, false},
+      {"lengths_right_edge", false, 650, 5, false},
+      {"lengths_lower_right_and_right_edge", true, 400, 7, false},
+      {"lengths_lower_right_key_mask", true, -1, 4, true},
+  };
+  for (const LengthCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem pb({5, 8, 2, 3, 1000, 64, 64}, DType::kBFloat16, true, 23);
+    pb.params.mask.cache_seqlens = lengths;
+    pb.params.mask.causal_lower_right = c.lower_right;
+    pb.params.mask.window_right = c.window_right;
+    pb.params.num_splits = c.num_splits;
+    ASSERT_TRUE(detail::decode_kernel_takes(pb.params).ok());
+    const KeySplit split = detail::plan_decode(pb.params, 264);
+    std::vector<char> keep(5 * 1000, 1);
+    for (int64_t j = 0; j < 1000; j += 3) keep[2 * 1000 + j] = 0;  // entry 2: every third key
+    const std::vector<char>* mask = c.key_mask ? &keep : nullptr;
+    expect_replay_equals_definition(pb, replay_decode(pb, split, mask), mask);
+  }
+}
+
+TEST(DecodePlan, CacheLengthsAreClampedOnTheDevice) {
+  // The kernel does not validate cache_seqlens (the per-entry path does, on the host): values
+  // outside [0, seqlen_k] are clamped, so no chunk reads past the cache.
+  AttentionParams p = decode_call(3, 8, 8, 1, 1000, 4);
+  const int32_t lengths[] = {-5, 1000, 70000};
+  p.mask.cache_seqlens = lengths;
+  const KeySplit split = detail::plan_decode(p, 264);
+  const detail::DecodeKernelParams k = detail::make_decode_kernel_params(p, split, {});
+  EXPECT_EQ(detail::decode_entry_keys(k, 0), 0);
+  EXPECT_EQ(detail::decode_entry_keys(k, 1), 1000);
+  EXPECT_EQ(detail::decode_entry_keys(k, 2), 1000);
+  for (int64_t c = 0; c < split.parts(); ++c) {
+    EXPECT_EQ(detail::decode_chunk(k, c, 0).tiles, 0);
+    EXPECT_LE(detail::decode_chunk(k, c, 2).end, 1000);
+    EXPECT_GE(detail::decode_chunk(k, c, 2).any_end, 0);
   }
 }
 

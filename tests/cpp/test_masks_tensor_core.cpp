@@ -56,6 +56,7 @@ struct TcMaskCase {
   bool workspace = true;         // give attention_forward its workspace (strided decomposition)
   bool deterministic = false;    // the backward's atomic-free dQ kernel
   bool lower_right = false;      // mask.causal_lower_right (bottom-right causal)
+  std::vector<int32_t> cache_lengths = {};  // mask.cache_seqlens, one per batch entry (or none)
 };
 
 // gtest prints a failing parameter with this (not as raw bytes).
@@ -171,6 +172,30 @@ std::vector<TcMaskCase> cases() {
                           ElementMask::kNone));
   c.push_back(lower_right("lower_right_kv_stride3_bool", {1, 2, 2, 100, 260, 96, 96}, 3, -1,
                           ElementMask::kBool));
+  // Per-entry key lengths (cache_seqlens: one call per batch entry), rows past them poisoned:
+  // with top-left causal, bottom-right causal aligned to each entry (an entry with fewer keys
+  // than queries, an empty one), a window, kv_stride, an element mask and a block map.
+  const auto with_lengths = [](TcMaskCase t, std::vector<int32_t> lengths) {
+    t.name = "cache_lengths_" + t.name;
+    t.cache_lengths = std::move(lengths);
+    return t;
+  };
+  c.push_back(with_lengths({"causal", {4, 2, 2, 33, 100, 64, 64}, true}, {100, 37, 0, 64}));
+  c.push_back(with_lengths(
+      lower_right("lower_right_window_gqa", {4, 4, 2, 33, 100, 64, 64}, 1, 20, ElementMask::kNone),
+      {100, 5, 0, 77}));
+  c.push_back(with_lengths(lower_right("lower_right_d128_rows_past_decoding",
+                                       {2, 4, 1, 65, 300, 128, 128}, 1, -1, ElementMask::kNone),
+                           {300, 120}));
+  c.push_back(with_lengths(lower_right("lower_right_kv_stride2_float", {3, 2, 2, 17, 99, 96, 96}, 2,
+                                       -1, ElementMask::kFloat),
+                           {99, 50, 3}));
+  {
+    TcMaskCase map{"block_map", {3, 2, 2, 70, 130, 64, 64}};
+    map.map_q = 16;
+    map.map_k = 32;
+    c.push_back(with_lengths(map, {130, 33, 64}));
+  }
   TcMaskCase no_workspace = c[5];
   no_workspace.name = "strided_l100_d128_elementwise";
   no_workspace.workspace = false;
@@ -195,6 +220,7 @@ struct HostMasks {
   std::vector<uint8_t> bools;
   std::vector<float> floats;
   std::vector<uint8_t> map;
+  std::vector<int32_t> lengths;  // cache_seqlens
 };
 
 HostMasks make_masks(const TcMaskCase& c, AttentionParams& p) {
@@ -224,6 +250,7 @@ HostMasks make_masks(const TcMaskCase& c, AttentionParams& p) {
     p.mask.row_stride = s.seqlen_k;
     p.mask.col_stride = 1;
   }
+  m.lengths = c.cache_lengths;
   if (c.map_q > 0) {
     const int64_t rows = (s.seqlen_q + c.map_q - 1) / c.map_q;
     const int64_t cols = (s.seqlen_k + c.map_k - 1) / c.map_k;
@@ -255,6 +282,26 @@ void bind_host_masks(AttentionParams& p, const HostMasks& m) {
                 : !m.floats.empty() ? static_cast<const void*>(m.floats.data())
                                     : nullptr;
   p.mask.block_map = m.map.empty() ? nullptr : m.map.data();
+  p.mask.cache_seqlens = m.lengths.empty() ? nullptr : m.lengths.data();
+}
+
+// NaN in every k and v row past its entry's cache_seqlens: rows the call must never read.
+void poison_rows_past_lengths(Problem& pb, const std::vector<int32_t>& lengths) {
+  const AttentionParams& p = pb.params;
+  for (int64_t b = 0; b < static_cast<int64_t>(lengths.size()); ++b) {
+    for (int64_t h = 0; h < p.heads_kv; ++h) {
+      for (int64_t j = lengths[b]; j < p.seqlen_k; ++j) {
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          pb.k.set(b * p.k_strides.batch + h * p.k_strides.head + j * p.k_strides.seq + d,
+                   std::nan(""));
+        }
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          pb.v.set(b * p.v_strides.batch + h * p.v_strides.head + j * p.v_strides.seq + d,
+                   std::nan(""));
+        }
+      }
+    }
+  }
 }
 
 // The fp64 reference with the kernel's rounding of P (unnormalised, in (0, 1]) to the dtype
@@ -262,12 +309,14 @@ void bind_host_masks(AttentionParams& p, const HostMasks& m) {
 HostTensor rounded_forward(const Problem& pb) {
   const AttentionParams& p = pb.params;
   const double scale = p.softmax_scale ? *p.softmax_scale : default_softmax_scale(p.head_dim);
-  const detail::MaskPolicy policy =
-      detail::for_sequence(detail::make_mask_policy(p.causal, p.mask), p.seqlen_q, p.seqlen_k);
   HostTensor out(pb.dtype, pb.out.size());
   std::vector<double> score(p.seqlen_k), bias(p.seqlen_k), accum(p.head_dim_v);
   std::vector<bool> seen(p.seqlen_k);
   for (int64_t b = 0; b < p.batch; ++b) {
+    // An entry's own keys (cache_seqlens), which bottom-right causal aligns to.
+    const int64_t keys = p.mask.has_cache_seqlens() ? p.mask.cache_seqlens[b] : p.seqlen_k;
+    const detail::MaskPolicy policy =
+        detail::for_sequence(detail::make_mask_policy(p.causal, p.mask), p.seqlen_q, keys);
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
       // The slice's rows as doubles, converted once (host_float.h's rows_as_double).
@@ -284,7 +333,7 @@ HostTensor rounded_forward(const Problem& pb) {
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         double row_max = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
-          seen[j] = detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
+          seen[j] = j < keys && detail::reference_key_bias(p, policy, b, h, i, j, bias[j]);
           if (!seen[j]) continue;
           double dot = 0;
           for (int64_t d = 0; d < qk_dim; ++d) dot += q[i * qk_dim + d] * k[j * qk_dim + d];
@@ -326,7 +375,7 @@ HostTensor rounded_forward(const Problem& pb) {
 
 // Device copies of a problem and its masks, the forward's outputs poisoned.
 struct DeviceRun {
-  DeviceBuffer q, k, v, out, lse, bools, floats, map;
+  DeviceBuffer q, k, v, out, lse, bools, floats, map, lengths;
   std::optional<DeviceBuffer> workspace;
   AttentionParams params;
 
@@ -338,7 +387,8 @@ struct DeviceRun {
         lse(pb.shape.batch * pb.shape.heads_q * pb.shape.seqlen_q * sizeof(float)),
         bools(m.bools.size()),
         floats(m.floats.size() * sizeof(float)),
-        map(m.map.size()) {
+        map(m.map.size()),
+        lengths(m.lengths.size() * sizeof(int32_t)) {
     params = pb.params;
     params.q = q.get();
     params.k = k.get();
@@ -354,6 +404,9 @@ struct DeviceRun {
     copy(map, m.map.data(), m.map.size());
     params.mask.data = !m.bools.empty() ? bools.get() : !m.floats.empty() ? floats.get() : nullptr;
     params.mask.block_map = m.map.empty() ? nullptr : static_cast<const uint8_t*>(map.get());
+    copy(lengths, m.lengths.data(), m.lengths.size() * sizeof(int32_t));
+    params.mask.cache_seqlens =
+        m.lengths.empty() ? nullptr : static_cast<const int32_t*>(lengths.get());
     params.backend = Backend::kTensorCore;
     const size_t bytes = with_workspace ? attention_forward_workspace_bytes(params) : 0;
     if (bytes > 0) {
@@ -403,11 +456,16 @@ TEST_P(MaskTensorCore, ForwardAndBackwardMatchReference) {
   apply_options(c, pb.params);
   const HostMasks masks = make_masks(c, pb.params);
   bind_host_masks(pb.params, masks);
+  poison_rows_past_lengths(pb, c.cache_lengths);
   const HostTensor ref = pb.reference(/*with_lse=*/true);
   const HostTensor rounded = rounded_forward(pb);
 
   DeviceRun dev(pb, masks, c.workspace);
   ASSERT_EQ(select_backend(dev.params), Backend::kTensorCore);
+  if (!c.cache_lengths.empty()) {
+    EXPECT_NE(describe_forward(dev.params).find("one call per batch entry"), std::string::npos)
+        << describe_forward(dev.params);
+  }
   run_forward_and_check(dev, pb, ref, rounded, c.name);
 
   // Backward on the reference's output and lse: the fp64 reference backward vs the masked

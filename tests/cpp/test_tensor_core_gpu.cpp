@@ -72,6 +72,8 @@ struct Emulated {
 // of rounded operands are exact in double.
 // window_right >= 0: also a window's right edge (query i sees positions j <= i + window_right).
 // key_terms: a key mask's additive terms (natural log, -inf hides), (batch, seqlen_k).
+// pb.params.mask's cache_seqlens (host memory) and causal_lower_right apply too: entry b's keys
+// are its first cache_seqlens[b], and bottom-right causal aligns to them.
 Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
                                  const std::vector<double>* key_terms = nullptr) {
   const AttentionParams& p = pb.params;
@@ -81,6 +83,7 @@ Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
   Emulated result{HostTensor(pb.dtype, pb.out.size()), {}};
   std::vector<double> scores(p.seqlen_k), accum(p.head_dim_v);
   for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t keys = p.mask.cache_seqlens != nullptr ? p.mask.cache_seqlens[b] : p.seqlen_k;
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
       const std::vector<double> q =
@@ -92,7 +95,8 @@ Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const auto visible = [&](int64_t j) {
           const bool masked = key_terms && (*key_terms)[b * p.seqlen_k + j] == -INFINITY;
-          return j % p.kv_stride == 0 && (!p.causal || j <= i) &&
+          return j < keys && j % p.kv_stride == 0 && (!p.causal || j <= i) &&
+                 (!p.mask.causal_lower_right || j <= i + keys - p.seqlen_q) &&
                  (window_right < 0 || j <= i + window_right) && !masked;
         };
         double row_max = neg_inf;
@@ -258,7 +262,19 @@ struct SplitScenario {
   bool out_seq_major = false;
   KeyMask key_mask = KeyMask::kNone;
   Poison poison = Poison::kNone;
+  bool cache_lengths = false;  // mask.cache_seqlens (cache_lengths_of), k and v rows past them NaN
+  bool lower_right = false;    // mask.causal_lower_right
 };
+
+// Per-entry key lengths of a cache_lengths scenario: the whole cache, a third of it plus one, an
+// empty entry, five keys, repeated over the batch.
+std::vector<int32_t> cache_lengths_of(const AttentionParams& p) {
+  std::vector<int32_t> lengths(p.batch);
+  const int32_t keys = static_cast<int32_t>(p.seqlen_k);
+  const int32_t pattern[] = {keys, keys / 3 + 1, 0, std::min(keys, 5)};
+  for (int64_t b = 0; b < p.batch; ++b) lengths[b] = pattern[b % 4];
+  return lengths;
+}
 
 // The key mask of `kind` for `p` in `host` (its dtype's bytes) and its additive terms.
 MaskDType make_key_mask(const AttentionParams& p, KeyMask kind, std::vector<unsigned char>& host,
@@ -297,6 +313,25 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
   Problem pb(sc.shape, dtype, sc.seq_major, 31);
   pb.params.kv_stride = sc.kv_stride;
   pb.params.mask.window_right = sc.window_right;
+  pb.params.mask.causal_lower_right = sc.lower_right;
+  const std::vector<int32_t> lengths =
+      sc.cache_lengths ? cache_lengths_of(pb.params) : std::vector<int32_t>{};
+  if (sc.cache_lengths) {
+    pb.params.mask.cache_seqlens = lengths.data();
+    const AttentionParams& hp = pb.params;
+    for (int64_t b = 0; b < hp.batch; ++b) {
+      for (int64_t h = 0; h < hp.heads_kv; ++h) {
+        for (int64_t j = lengths[b]; j < hp.seqlen_k; ++j) {
+          for (int64_t d = 0; d < hp.head_dim; ++d) {
+            pb.k.set(b * hp.k_strides.batch + h * hp.k_strides.head + j * hp.k_strides.seq + d,
+                     std::nan(""));
+            pb.v.set(b * hp.v_strides.batch + h * hp.v_strides.head + j * hp.v_strides.seq + d,
+                     std::nan(""));
+          }
+        }
+      }
+    }
+  }
   if (sc.out_seq_major) {
     const Shape& s = sc.shape;
     pb.params.out_strides = {s.seqlen_q * s.heads_q * s.head_dim_v, s.head_dim_v,
@@ -341,6 +376,13 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
     ASSERT_EQ(cudaMemcpy(mask.get(), mask_bytes.data(), mask_bytes.size(), cudaMemcpyHostToDevice),
               cudaSuccess);
     dp.pb.params.mask.data = mask.get();
+  }
+  DeviceBuffer device_lengths(lengths.size() * sizeof(int32_t));
+  if (!lengths.empty()) {
+    ASSERT_EQ(cudaMemcpy(device_lengths.get(), lengths.data(), lengths.size() * sizeof(int32_t),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    dp.pb.params.mask.cache_seqlens = static_cast<const int32_t*>(device_lengths.get());
   }
   AttentionParams p = dp.pb.params;
   p.num_splits = sc.num_splits;
@@ -450,6 +492,85 @@ TEST(DecodeKernelGpu, MatchesReference) {
   };
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, true);
+  }
+}
+
+// Per-entry key lengths (cache_seqlens) read on the device: chunks past an entry's length do
+// nothing, the rows past it are NaN and never read; bottom-right causal aligned to each entry's
+// own length (mask.causal_lower_right), with a window's right edge and a key mask on top.
+TEST(DecodeKernelGpu, CacheLengthsMatchReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  SplitScenario scenarios[] = {
+      {"cache_lengths_gqa", {4, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
+      // num_splits 1 (the default): the kernel still runs the call, as one chunk.
+      {"cache_lengths_unsplit_default", {4, 8, 2, 1, 700, 128, 128}, true, 1, 1},
+      {"cache_lengths_drafts_lower_right", {4, 8, 2, 5, 1000, 64, 64}, true, 1, 4},
+      {"cache_lengths_lower_right_one_chunk", {4, 4, 4, 3, 100, 128, 128}, false, 1, 0},
+      {"cache_lengths_lower_right_right_edge", {4, 8, 2, 4, 900, 64, 64}, false, 1, 3, 500},
+      {"cache_lengths_lower_right_float_terms",
+       {4, 8, 2, 2, 900, 64, 64},
+       true,
+       1,
+       3,
+       -1,
+       false,
+       KeyMask::kFloat32},
+      {"cache_lengths_d256", {4, 8, 1, 1, 2000, 256, 256}, false, 1, 0},
+      {"lower_right_without_lengths", {2, 8, 2, 5, 3000, 128, 128}, true, 1, 0},
+  };
+  for (SplitScenario& sc : scenarios) {
+    const std::string name = sc.name;
+    sc.cache_lengths = name.find("cache_lengths") == 0;
+    sc.lower_right = name.find("lower_right") != std::string::npos;
+  }
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, true);
+  }
+}
+
+// cache_seqlens where the decoding kernel does not run the call (num_splits 1, rows past it):
+// one call per batch entry on the kernel the entry picks (the Hopper forward on sm_90).
+TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const bool lower_right : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (lower_right ? " lower_right" : ""));
+      Problem pb({4, 4, 2, 128, 1000, 128, 128}, dtype, true, 41);
+      pb.params.mask.causal_lower_right = lower_right;
+      const std::vector<int32_t> lengths = cache_lengths_of(pb.params);
+      pb.params.mask.cache_seqlens = lengths.data();
+      const HostTensor expected = pb.reference(/*with_lse=*/true);
+      const Emulated emulated = low_precision_reference(pb);
+      DeviceProblem dp(pb);
+      DeviceBuffer device_lengths(lengths.size() * sizeof(int32_t));
+      ASSERT_EQ(cudaMemcpy(device_lengths.get(), lengths.data(), lengths.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      AttentionParams p = dp.pb.params;
+      p.mask.cache_seqlens = static_cast<const int32_t*>(device_lengths.get());
+      EXPECT_NE(describe_forward(p).find("one call per batch entry"), std::string::npos)
+          << describe_forward(p);
+      const int64_t rows = 4 * 4 * 128;
+      DeviceBuffer lse(rows * sizeof(float));
+      ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
+      p.lse = lse.get();
+      DeviceBuffer workspace(attention_forward_workspace_bytes(p));
+      p.workspace = workspace.get();
+      attention_forward(p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      HostTensor got(dtype, pb.out.size());
+      dp.out.download(got.data());
+      EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
+      std::vector<float> lse32(rows);
+      lse.download(lse32.data());
+      for (int64_t i = 0; i < rows; ++i) {
+        if (std::isinf(pb.lse[i])) {
+          EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
+        } else {
+          EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+        }
+      }
+    }
   }
 }
 

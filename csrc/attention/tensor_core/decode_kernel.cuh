@@ -131,7 +131,7 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   const int64_t b = blockIdx.z;
   const int queries = static_cast<int>(p.seqlen_q);
   const int rows = static_cast<int>(p.group) * queries;
-  const detail::DecodeChunk chunk = detail::decode_chunk(p, blockIdx.x);
+  const detail::DecodeChunk chunk = detail::decode_chunk(p, blockIdx.x, b);
   const int64_t any_end = chunk.any_end;
   const int64_t all_end = chunk.all_end;
   const int64_t n_tiles = chunk.tiles;

@@ -75,8 +75,9 @@ struct AttentionParams {
   // would with 1. Calls with at most 64 query rows per kv head (query heads per kv head x
   // seqlen_q), head dim 64, 96, 128, 192 or 256, kv_stride 1, no element mask but a key mask (the
   // same for every head and query: a padded batch's) run on a kernel shaped for decoding instead,
-  // which with num_splits 0 also runs unsplit, without workspace, where the (batch, kv head) pairs
-  // already fill the device.
+  // which also takes bottom-right causal and per-entry key lengths (mask.cache_seqlens, read on
+  // the device) and with num_splits 0 also runs unsplit, without workspace, where the (batch, kv
+  // head) pairs already fill the device.
   int64_t num_splits = 1;
 
   // attention_forward only: device scratch memory of attention_forward_workspace_bytes(params)

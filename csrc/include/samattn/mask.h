@@ -75,14 +75,26 @@ struct MaskOptions {
   int64_t total_q = 0;  // rows of the packed q / out (== cu_seqlens_q[batch])
   int64_t total_k = 0;  // rows of the packed k / v (== cu_seqlens_k[batch])
 
+  // Per-entry key lengths of a dense batch (FlashAttention's cache_seqlens: a KV cache
+  // allocated for seqlen_k keys and filled to a different length per entry), or null: batch
+  // entry b's keys are the first cache_seqlens[b] rows of its k and v (0 <= value <= seqlen_k);
+  // later rows are never read and get zero gradients. Bottom-right causal aligns each entry to its
+  // own length (query i sees j <= i + cache_seqlens[b] - seqlen_q). int32, `batch` entries, in
+  // the memory of the call, like cu_seqlens; not with varlen, whose cu_seqlens_k already give
+  // each sequence its keys. The decoding kernel (AttentionParams::num_splits) reads them on the
+  // device in its one launch, clamped to [0, seqlen_k]; every other call reads them on the host
+  // (one synchronisation), checks them and runs one call per batch entry.
+  const int32_t* cache_seqlens = nullptr;
+
   bool has_element_mask() const { return data != nullptr; }
   bool has_block_map() const { return block_map != nullptr; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  bool has_cache_seqlens() const { return cache_seqlens != nullptr; }
   // True when a key's visibility depends on anything but causal and kv_stride.
   bool any() const {
     return has_element_mask() || has_block_map() || has_window() || causal_lower_right ||
-           pattern != SparsePattern::kNone || is_varlen();
+           pattern != SparsePattern::kNone || is_varlen() || has_cache_seqlens();
   }
 };
 
