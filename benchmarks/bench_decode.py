@@ -31,7 +31,8 @@ from samattn.bench.timing import measure_interleaved, rotation_count
 
 HEAD_DIM = 128
 # (batch, query heads, kv heads, new queries, cached keys, padded): padded rows give each batch
-# entry its own cache length through a (B, 1, 1, S) boolean mask, as a padded batch decodes.
+# entry its own cache length through a (B, 1, 1, S) boolean mask, as a padded batch decodes, and
+# (samattn only) through cache_seqlens.
 SHAPES = [(1, 32, 8, 1, 4096, False), (1, 32, 8, 1, 16384, False), (1, 32, 8, 1, 65536, False),
           (4, 32, 8, 1, 16384, False), (16, 32, 8, 1, 8192, False), (1, 32, 32, 1, 16384, False),
           (64, 32, 8, 1, 2048, False), (1, 32, 8, 5, 16384, False), (4, 32, 8, 5, 16384, False),
@@ -54,9 +55,10 @@ def input_sets(batch, heads_q, heads_kv, queries, keys, count, generator):
     return sets
 
 
-def methods_for(sets, splits: int, gqa: bool, bias) -> dict:
+def methods_for(sets, splits: int, gqa: bool, bias, lengths=None) -> dict:
     """bias: torch's causal_lower_right for the drafts, a boolean padding mask, or None for one
-    query (which sees all)."""
+    query (which sees all). lengths (padded rows): the same cache lengths as cache_seqlens, which
+    lets samattn's split skip the padding instead of reading and masking it."""
     padding = bias if isinstance(bias, torch.Tensor) and bias.dtype == torch.bool else None
 
     def samattn_call(q, k, v, num_splits):
@@ -73,6 +75,11 @@ def methods_for(sets, splits: int, gqa: bool, bias) -> dict:
     methods = {"samattn": [samattn_call(*s, 1) for s in sets],
                "samattn_split_auto": [samattn_call(*s, 0) for s in sets],
                f"samattn_split_{splits}": [samattn_call(*s, splits) for s in sets]}
+    if lengths is not None:
+        methods["samattn_cache_seqlens_auto"] = [
+            (lambda q, k, v: lambda: samattn.attention(q, k, v, causal="lower_right",
+                                                       cache_seqlens=lengths, num_splits=0))(*s)
+            for s in sets]
     for name, backend in SDPA_BACKENDS.items():
         methods[name] = [sdpa_call(*s, backend) for s in sets]
     return methods
@@ -122,10 +129,11 @@ def main(argv=None) -> int:
         sets = input_sets(batch, heads_q, heads_kv, queries, keys, count, generator)
         gqa = heads_q != heads_kv
         bias = causal_lower_right(queries, keys) if queries > 1 else None
+        lengths = None
         if padded:  # cache lengths from a quarter to all of the keys
-            lengths = torch.linspace(keys // 4, keys, batch, device="cuda").long()
+            lengths = torch.linspace(keys // 4, keys, batch, device="cuda").to(torch.int32)
             bias = (torch.arange(keys, device="cuda")[None, :] < lengths[:, None])[:, None, None]
-        methods = methods_for(sets, args.splits, gqa, bias)
+        methods = methods_for(sets, args.splits, gqa, bias, lengths)
         q, k, v = sets[0]
         with sdpa_kernel(SDPBackend.MATH):
             reference = torch.nn.functional.scaled_dot_product_attention(
@@ -144,7 +152,8 @@ def main(argv=None) -> int:
         failed = failed or not isinstance(unsplit, float)
         if isinstance(unsplit, float):
             bound = unsplit + reference.abs().max().item() * 2.0 ** -8
-            for name in ("samattn_split_auto", f"samattn_split_{args.splits}"):
+            checked = ["samattn_split_auto", f"samattn_split_{args.splits}"]
+            for name in checked + (["samattn_cache_seqlens_auto"] if padded else []):
                 if not isinstance(errors[name], float) or errors[name] > bound:
                     failed = True
         timings = measure_interleaved(runnable, rounds=2, budget_ms=args.budget_ms)
@@ -153,6 +162,9 @@ def main(argv=None) -> int:
         row = {"batch": batch, "heads_q": heads_q, "heads_kv": heads_kv, "seqlen_q": queries,
                "seqlen_k": keys, "causal": "lower_right", "padded": padded, "head_dim": HEAD_DIM,
                "cache_bytes": cache_bytes, "input_sets": count,
+               # The bytes of the keys the lengths hold: the floor of cache_seqlens' call.
+               "useful_cache_bytes": (2 * int(lengths.sum().item()) * heads_kv * HEAD_DIM * 2
+                                      if padded else cache_bytes),
                "selected_backend": {
                    "unsplit": samattn.selected_backend(q, k, v, causal="lower_right",
                                                        attn_mask=bias if padded else None),
@@ -164,6 +176,9 @@ def main(argv=None) -> int:
                        num_splits=args.splits, detail=True)},
                "max_abs_error_vs_fp32": errors, "methods": {},
                "kernel_times_split_auto": kernel_times_us(methods["samattn_split_auto"][0])}
+        if padded:
+            row["selected_backend"]["cache_seqlens_auto"] = samattn.selected_backend(
+                q, k, v, causal="lower_right", num_splits=0, detail=True, cache_seqlens=lengths)
         for name, t in timings.items():
             row["methods"][name] = {
                 "median_ms": t.median_ms, "min_ms": t.min_ms, "max_ms": t.max_ms,

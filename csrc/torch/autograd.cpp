@@ -26,12 +26,12 @@ using OptionalTensor = std::optional<at::Tensor>;
 using AttentionForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool, int64_t,
     bool, c10::string_view, const OptionalTensor&, int64_t, int64_t, c10::string_view, int64_t,
-    int64_t, const OptionalTensor&, int64_t, int64_t, int64_t);
+    int64_t, const OptionalTensor&, int64_t, int64_t, int64_t, const OptionalTensor&, bool);
 using AttentionBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, std::optional<double>, bool, int64_t, bool, c10::string_view,
     const OptionalTensor&, int64_t, int64_t, c10::string_view, int64_t, int64_t,
-    const OptionalTensor&, int64_t, int64_t);
+    const OptionalTensor&, int64_t, int64_t, const OptionalTensor&, bool);
 using AttentionForwardIntoSignature = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                            const at::Tensor&, std::optional<double>, bool, int64_t,
                                            c10::string_view);
@@ -82,6 +82,7 @@ struct AttentionOptions {
   int64_t window_left, window_right;
   std::string sparse_pattern;
   int64_t sparse_block, sparse_summary, block_q, block_k, num_splits;
+  bool causal_lower_right;
 
   void save(AutogradContext* ctx) const {
     save_options(ctx, {{"scale", scale},
@@ -95,7 +96,8 @@ struct AttentionOptions {
                        {"sparse_summary", sparse_summary},
                        {"block_q", block_q},
                        {"block_k", block_k},
-                       {"num_splits", num_splits}});
+                       {"num_splits", num_splits},
+                       {"causal_lower_right", causal_lower_right}});
   }
   static AttentionOptions load(AutogradContext* ctx) {
     auto& data = ctx->saved_data;
@@ -110,12 +112,13 @@ struct AttentionOptions {
             data["sparse_summary"].toInt(),
             data["block_q"].toInt(),
             data["block_k"].toInt(),
-            data["num_splits"].toInt()};
+            data["num_splits"].toInt(),
+            data["causal_lower_right"].toBool()};
   }
 };
 
-// attention_forward's 18 arguments, in the schema's order (ops.cpp).
-constexpr size_t kAttentionForwardArguments = 18;
+// attention_forward's 20 arguments, in the schema's order (ops.cpp).
+constexpr size_t kAttentionForwardArguments = 20;
 
 class AttentionForward : public torch::autograd::Function<AttentionForward> {
  public:
@@ -126,14 +129,15 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
                                int64_t window_right, c10::string_view sparse_pattern,
                                int64_t sparse_block, int64_t sparse_summary,
                                const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
-                               int64_t num_splits) {
+                               int64_t num_splits, const OptionalTensor& cache_seqlens,
+                               bool causal_lower_right) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse] = attention_forward_op().call(
         query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
         window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
-        num_splits);
-    ctx->save_for_backward(
-        {query, key, value, out, lse, or_undefined(attn_mask), or_undefined(block_map)});
+        num_splits, cache_seqlens, causal_lower_right);
+    ctx->save_for_backward({query, key, value, out, lse, or_undefined(attn_mask),
+                            or_undefined(block_map), or_undefined(cache_seqlens)});
     ctx->mark_non_differentiable({lse});
     AttentionOptions{scale,
                      causal,
@@ -146,7 +150,8 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
                      sparse_summary,
                      block_q,
                      block_k,
-                     num_splits}
+                     num_splits,
+                     causal_lower_right}
         .save(ctx);
     return {out, lse};
   }
@@ -155,13 +160,14 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &query = saved[0], &key = saved[1], &value = saved[2], &out = saved[3];
     at::Tensor lse = saved[4];
-    const OptionalTensor attn_mask = optional_of(saved[5]), block_map = optional_of(saved[6]);
+    const OptionalTensor attn_mask = optional_of(saved[5]), block_map = optional_of(saved[6]),
+                         cache_seqlens = optional_of(saved[7]);
     const AttentionOptions o = AttentionOptions::load(ctx);
     if (lse.dim() != 3) {  // the forward ran with return_lse=False: recompute it
       lse = std::get<1>(attention_forward_op().call(
           query, key, value, o.scale, o.causal, o.kv_stride, true, o.backend, attn_mask,
           o.window_left, o.window_right, o.sparse_pattern, o.sparse_block, o.sparse_summary,
-          block_map, o.block_q, o.block_k, o.num_splits));
+          block_map, o.block_q, o.block_k, o.num_splits, cache_seqlens, o.causal_lower_right));
     }
     // torch.use_deterministic_algorithms(True) selects the atomic-free dQ kernels (bit-identical
     // dq across runs); the forward's backend picks the backward's.
@@ -169,7 +175,7 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
         rows_contiguous(grads[0]), query, key, value, out, lse, o.scale, o.causal, o.kv_stride,
         at::globalContext().deterministicAlgorithms(), o.backend, attn_mask, o.window_left,
         o.window_right, o.sparse_pattern, o.sparse_block, o.sparse_summary, block_map, o.block_q,
-        o.block_k);
+        o.block_k, cache_seqlens, o.causal_lower_right);
     variable_list input_grads(kAttentionForwardArguments);  // undefined: no gradient
     input_grads[0] = dq;
     input_grads[1] = dk;
@@ -262,19 +268,19 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_autograd(
     c10::string_view backend, const OptionalTensor& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
     int64_t sparse_summary, const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
-    int64_t num_splits) {
+    int64_t num_splits, const OptionalTensor& cache_seqlens, bool causal_lower_right) {
   // attn_mask counts: it gets no gradient, but the output still joins the graph, as in torch.
   if (!records_graph({&query, &key, &value, &or_undefined(attn_mask)})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return attention_forward_op().call(query, key, value, scale, causal, kv_stride, return_lse,
-                                       backend, attn_mask, window_left, window_right,
-                                       sparse_pattern, sparse_block, sparse_summary, block_map,
-                                       block_q, block_k, num_splits);
+    return attention_forward_op().call(
+        query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
+        window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
+        num_splits, cache_seqlens, causal_lower_right);
   }
-  const variable_list outputs =
-      AttentionForward::apply(query, key, value, scale, causal, kv_stride, return_lse, backend,
-                              attn_mask, window_left, window_right, sparse_pattern, sparse_block,
-                              sparse_summary, block_map, block_q, block_k, num_splits);
+  const variable_list outputs = AttentionForward::apply(
+      query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
+      window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
+      num_splits, cache_seqlens, causal_lower_right);
   return {outputs[0], outputs[1]};
 }
 
@@ -301,18 +307,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_autograd(
     int64_t kv_stride, bool deterministic, c10::string_view backend,
     const OptionalTensor& attn_mask, int64_t window_left, int64_t window_right,
     c10::string_view sparse_pattern, int64_t sparse_block, int64_t sparse_summary,
-    const OptionalTensor& block_map, int64_t block_q, int64_t block_k) {
+    const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
+    const OptionalTensor& cache_seqlens, bool causal_lower_right) {
   const auto& op = attention_backward_op();
   if (!records_graph({&dout, &query, &key, &value, &out, &or_undefined(attn_mask)})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(dout, query, key, value, out, lse, scale, causal, kv_stride, deterministic,
                    backend, attn_mask, window_left, window_right, sparse_pattern, sparse_block,
-                   sparse_summary, block_map, block_q, block_k);
+                   sparse_summary, block_map, block_q, block_k, cache_seqlens, causal_lower_right);
   }
   const variable_list grads = NoDoubleBackward<AttentionBackwardSignature>::apply(
       op, dout, query, key, value, out, lse, scale, causal, kv_stride, deterministic, backend,
       attn_mask, window_left, window_right, sparse_pattern, sparse_block, sparse_summary, block_map,
-      block_q, block_k);
+      block_q, block_k, cache_seqlens, causal_lower_right);
   return {grads[0], grads[1], grads[2]};
 }
 

@@ -114,6 +114,22 @@ void bind_block_map(AttentionParams& params, const at::Tensor& query, const at::
   m.block_col_stride = strides[3];
 }
 
+// CUDA lengths are not read back here (no synchronisation): the decoding kernel clamps them and
+// the per-entry path checks them when it reads them; CPU ones are checked by the reference.
+void bind_cache_seqlens(AttentionParams& params, const at::Tensor& query,
+                        const at::Tensor& lengths) {
+  SAMATTN_CHECK_TYPE(lengths.scalar_type() == at::kInt, "cache_seqlens must be int32, got ",
+                     c10::toString(lengths.scalar_type()));
+  SAMATTN_CHECK_VALUE(lengths.device() == query.device(), "cache_seqlens is on ",
+                      lengths.device().str(), " but query is on ", query.device().str(),
+                      "; it must be on the same device");
+  SAMATTN_CHECK_VALUE(lengths.dim() == 1 && lengths.size(0) == params.batch,
+                      "cache_seqlens must be 1-D with one entry per batch entry (", params.batch,
+                      "), got shape ", shape_list(lengths.sizes()));
+  SAMATTN_CHECK_VALUE(lengths.is_contiguous(), "cache_seqlens must be contiguous");
+  params.mask.cache_seqlens = lengths.data_ptr<int32_t>();
+}
+
 }  // namespace
 
 void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArguments& args) {
@@ -123,8 +139,13 @@ void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArgum
   m.pattern = to_pattern(args.sparse_pattern);
   m.pattern_block = args.sparse_block;
   m.pattern_summary = args.sparse_summary;
+  m.causal_lower_right = args.causal_lower_right;
   if (args.block_map != nullptr && args.block_map->has_value() && (*args.block_map)->defined()) {
     bind_block_map(params, query, **args.block_map, args.block_q, args.block_k);
+  }
+  if (args.cache_seqlens != nullptr && args.cache_seqlens->has_value() &&
+      (*args.cache_seqlens)->defined()) {
+    bind_cache_seqlens(params, query, **args.cache_seqlens);
   }
   if (!args.attn_mask.has_value() || !args.attn_mask->defined()) return;
   const at::Tensor& mask = *args.attn_mask;

@@ -54,14 +54,15 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_op(
     c10::string_view backend, const std::optional<at::Tensor>& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
     int64_t sparse_summary, const std::optional<at::Tensor>& block_map, int64_t block_q,
-    int64_t block_k, int64_t num_splits) {
+    int64_t block_k, int64_t num_splits, const std::optional<at::Tensor>& cache_seqlens,
+    bool causal_lower_right) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   bind_mask(params, query,
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary, &block_map, block_q, block_k});
+             sparse_summary, &block_map, block_q, block_k, &cache_seqlens, causal_lower_right});
   params.num_splits = num_splits;
   at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
                              query.options());
@@ -117,14 +118,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
     int64_t kv_stride, bool deterministic, c10::string_view backend,
     const std::optional<at::Tensor>& attn_mask, int64_t window_left, int64_t window_right,
     c10::string_view sparse_pattern, int64_t sparse_block, int64_t sparse_summary,
-    const std::optional<at::Tensor>& block_map, int64_t block_q, int64_t block_k) {
+    const std::optional<at::Tensor>& block_map, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& cache_seqlens, bool causal_lower_right) {
   AttentionParams forward = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   bind_mask(forward, query,
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary, &block_map, block_q, block_k});
+             sparse_summary, &block_map, block_q, block_k, &cache_seqlens, causal_lower_right});
   check_output(out, query, forward, "out");
   check_output(dout, query, forward, "dout");
   check_lse(lse, query, forward);
@@ -222,21 +224,20 @@ Strides contiguous_strides(int64_t heads, int64_t seqlen, int64_t dim) {
 // The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper";
 // with detail, describe_forward's text), for the output attention_forward allocates:
 // contiguous (batch, heads_q, seqlen_q, head_dim_v), as aligned as query.
-std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
-                                const at::Tensor& value, bool causal, int64_t kv_stride,
-                                c10::string_view backend,
-                                const std::optional<at::Tensor>& attn_mask, int64_t window_left,
-                                int64_t window_right, c10::string_view sparse_pattern,
-                                int64_t sparse_block, int64_t sparse_summary,
-                                const std::optional<at::Tensor>& block_map, int64_t block_q,
-                                int64_t block_k, int64_t num_splits, bool detail) {
+std::string selected_backend_op(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, bool causal,
+    int64_t kv_stride, c10::string_view backend, const std::optional<at::Tensor>& attn_mask,
+    int64_t window_left, int64_t window_right, c10::string_view sparse_pattern,
+    int64_t sparse_block, int64_t sparse_summary, const std::optional<at::Tensor>& block_map,
+    int64_t block_q, int64_t block_k, int64_t num_splits, bool detail,
+    const std::optional<at::Tensor>& cache_seqlens, bool causal_lower_right) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
   bind_mask(params, query,
             {attn_mask, window_left, window_right,
              std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary, &block_map, block_q, block_k});
+             sparse_summary, &block_map, block_q, block_k, &cache_seqlens, causal_lower_right});
   params.num_splits = num_splits;
   TORCH_CHECK_VALUE(query.is_cuda(),
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
@@ -292,8 +293,8 @@ TORCH_LIBRARY(samattn, m) {
       "bool causal=False, int kv_stride=1, bool return_lse=False, str backend='auto', "
       "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, "
       "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0, "
-      "Tensor? block_map=None, int block_q=128, int block_k=128, int num_splits=1) "
-      "-> (Tensor out, Tensor lse)");
+      "Tensor? block_map=None, int block_q=128, int block_k=128, int num_splits=1, "
+      "Tensor? cache_seqlens=None, bool causal_lower_right=False) -> (Tensor out, Tensor lse)");
   // Not differentiable: it writes into `out`, and its autograd kernel (autograd.cpp) raises
   // when autograd would record it. attention_forward is the differentiable op.
   m.def(
@@ -304,7 +305,8 @@ TORCH_LIBRARY(samattn, m) {
       "Tensor lse, float? scale=None, bool causal=False, int kv_stride=1, "
       "bool deterministic=False, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
-      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128) "
+      "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
+      "Tensor? cache_seqlens=None, bool causal_lower_right=False) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "varlen_attention_forward(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
@@ -321,7 +323,8 @@ TORCH_LIBRARY(samattn, m) {
       "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
       "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
-      "int num_splits=1, bool detail=False) -> str");
+      "int num_splits=1, bool detail=False, Tensor? cache_seqlens=None, "
+      "bool causal_lower_right=False) -> str");
   m.def(
       "selected_backward_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");

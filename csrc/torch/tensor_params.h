@@ -53,6 +53,9 @@ struct MaskArguments {
   const std::optional<at::Tensor>* block_map = nullptr;
   int64_t block_q = 128;
   int64_t block_k = 128;
+  // Per-entry key lengths: an int32 (batch,) tensor on query's device (MaskOptions::cache_seqlens).
+  const std::optional<at::Tensor>* cache_seqlens = nullptr;
+  bool causal_lower_right = false;
 };
 void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArguments& mask);
 

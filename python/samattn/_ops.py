@@ -32,7 +32,7 @@ def _attention_forward_fake(query, key, value, scale=None, causal=False, kv_stri
                             return_lse=False, backend="auto", attn_mask=None, window_left=-1,
                             window_right=-1, sparse_pattern="none", sparse_block=0,
                             sparse_summary=0, block_map=None, block_q=128, block_k=128,
-                            num_splits=1):
+                            num_splits=1, cache_seqlens=None, causal_lower_right=False):
     batch, heads, seqlen_q, _ = query.shape
     out = query.new_empty((batch, heads, seqlen_q, value.shape[-1]))
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
@@ -51,7 +51,7 @@ def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, caus
                              kv_stride=1, deterministic=False, backend="auto", attn_mask=None,
                              window_left=-1, window_right=-1, sparse_pattern="none",
                              sparse_block=0, sparse_summary=0, block_map=None, block_q=128,
-                             block_k=128):
+                             block_k=128, cache_seqlens=None, causal_lower_right=False):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 

@@ -99,7 +99,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
               backend: str = "auto", attn_mask: Optional[Tensor] = None,
               window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
               sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
-              num_splits: int = 1) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+              num_splits: int = 1, cache_seqlens: Optional[Tensor] = None
+              ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Fused attention on (batch, heads, seq_len, head_dim) tensors.
 
     q: (B, Hq, Sq, D); k: (B, Hkv, Sk, D); v: (B, Hkv, Sk, Dv) with Hq a multiple of Hkv
@@ -157,6 +158,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     SDPA on most decode shapes, and the decoding kernel is not yet timed (see the README's Known
     gaps).
 
+    cache_seqlens: per-entry key lengths (FlashAttention's ``cache_seqlens``), an int32 tensor
+    of B entries on the inputs' device: batch entry b's keys are the first cache_seqlens[b] rows
+    of its k and v (0 <= value <= Sk: a KV cache allocated for Sk keys and filled to a different
+    length per entry); the rows past it are never read and get zero gradients. With
+    causal="lower_right" each entry aligns to its own length (query i sees keys
+    j <= i + cache_seqlens[b] - Sq). Calls the decoding kernel takes (at most 64 query rows per
+    kv head and the rest of its conditions under num_splits; with num_splits=1 it runs them as one
+    chunk) read the lengths on the GPU in one launch, and a split skips the chunks past an
+    entry's length; every other call reads them back (one
+    synchronisation, so not inside CUDA-graph capture), checks them, and runs one call per batch
+    entry. CUDA lengths the decoding kernel reads are not checked (FlashAttention's contract):
+    values outside [0, Sk] are clamped.
+
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 
     CUDA tensors run the CUDA kernels; CPU tensors run the fp64 reference (slow, exact).
@@ -177,6 +191,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False)))
     left, right = _window_pair(window)
+    if cache_seqlens is not None:
+        # Each entry's own length sets its bottom-right alignment: the kernels apply it, so the
+        # whole call is one operator call whatever the options.
+        lower_right = _causal_is_lower_right(causal)
+        block_map, blocks = None, (128, 128)
+        if block_sparse is not None:
+            block_map = block_sparse.to_map(k.shape[2])
+            blocks = (block_sparse.block_q, block_sparse.block_k)
+        out, lse = ops.attention_forward(q, k, v, scale, bool(causal) and not lower_right,
+                                         kv_stride, needs_lse, backend, attn_mask, left, right,
+                                         sparse_pattern, sparse_block, sparse_summary, block_map,
+                                         *blocks, num_splits, cache_seqlens, lower_right)
+        return (out, lse) if return_lse else out
     if causal is not False and causal is not True:
         return _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend,
                                      attn_mask, left, right, sparse_pattern, sparse_block,
@@ -280,7 +307,8 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
                      attn_mask: Optional[Tensor] = None,
                      window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
                      sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
-                     backward: bool = False, num_splits: int = 1, detail: bool = False) -> str:
+                     backward: bool = False, num_splits: int = 1, detail: bool = False,
+                     cache_seqlens: Optional[Tensor] = None) -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors and options on this
     GPU: "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is
     honoured. A call that num_splits splits runs its chunks on "tensor_core".
@@ -292,7 +320,22 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
     backward=True: the family of its backward instead (unmasked calls; the gradients, out and
     dout contiguous, as autograd passes them), which can differ from the forward's: e.g. on
     compute capability 9.0 head dim 256 runs the Hopper forward and the SIMT backward. A backend
-    the backward cannot honour raises ValueError naming the reason."""
+    the backward cannot honour raises ValueError naming the reason.
+
+    cache_seqlens (forward only): as in samattn.attention; a call that runs one call per batch
+    entry names the family of its entries (with detail, "..., one call per batch entry
+    (cache_seqlens)")."""
+    if cache_seqlens is not None:
+        if backward:
+            raise ValueError("selected_backend(backward=True) takes no cache_seqlens")
+        lower_right = _causal_is_lower_right(causal)
+        left, right = _window_pair(window)
+        extra = (None, 128, 128) if block_sparse is None else (
+            block_sparse.to_map(k.shape[2]), block_sparse.block_q, block_sparse.block_k)
+        return ops.selected_backend(q, k, v, bool(causal) and not lower_right, kv_stride,
+                                    backend, attn_mask, left, right, sparse_pattern,
+                                    sparse_block, sparse_summary, *extra, num_splits, detail,
+                                    cache_seqlens, lower_right)
     if causal is not False and causal is not True:
         # As samattn.attention runs a named causal option: on the trailing rows, with a window.
         plan = _CausalPlan(causal, q.shape[-2], k.shape[-2], *_window_pair(window))
