@@ -136,6 +136,10 @@ DecodeKernelParams make_decode_kernel_params(const AttentionParams& p, const Key
   k.right_edge = right_edge(p);
   k.lower_right = p.mask.causal_lower_right;
   k.cache_seqlens = p.mask.cache_seqlens;
+  k.block_table = p.mask.block_table;
+  k.block_table_stride = p.mask.block_table_stride;
+  k.page_size = p.mask.page_size;
+  k.num_pages = p.mask.num_pages;
   k.scale_log2 = static_cast<float>(resolved_softmax_scale(p) * M_LOG2E);
   k.mask = p.mask.data;
   k.mask_dtype = p.mask.dtype;

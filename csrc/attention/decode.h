@@ -17,7 +17,8 @@
 // Calls it takes: float16/bfloat16, head dims 64, 96, 128, 192 and 256, kv_stride 1, no top-left
 // causal, no mask options but bottom-right causal (new tokens against a cache), a window's right
 // edge r (query t sees keys j <= t + r), per-entry key lengths (cache_seqlens: read on the device,
-// chunks past an entry's length do nothing) and an attn_mask that is the same for every head and
+// chunks past an entry's length do nothing), a paged cache (block_table, with cache_seqlens: each
+// key row's address from its page) and an attn_mask that is the same for every head and
 // query (a padded batch's key mask, (B|1, 1, 1, Sk), or any broadcast over heads with one query),
 // 16-byte aligned rows (the tensor-core path's alignment).
 #pragma once
@@ -74,6 +75,11 @@ struct DecodeKernelParams {
   // Per-entry key lengths (MaskOptions::cache_seqlens), or null: entry b's keys are its first
   // cache_seqlens[b], clamped to [0, seqlen_k] (the contents are the caller's, as for varlen).
   const int32_t* cache_seqlens;
+  // A paged cache (MaskOptions::block_table), or null: key j of entry b is row j % page_size of
+  // page block_table[b * block_table_stride + j / page_size] (clamped to [0, num_pages)), the
+  // pages k_batch_stride / v_batch_stride apart.
+  const int32_t* block_table;
+  int64_t block_table_stride, page_size, num_pages;
   float scale_log2;  // softmax scale * log2(e)
   // A key mask (attn_mask the same for every head and query row, as a padded batch's), or
   // null: key j of batch entry b at mask + b * mask_batch_stride + j * mask_col_stride.
@@ -95,6 +101,20 @@ struct DecodeChunk {
 
 SAMATTN_HOST_DEVICE int64_t decode_min(int64_t a, int64_t b) { return a < b ? a : b; }
 SAMATTN_HOST_DEVICE int64_t decode_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Where key `key` of batch entry b lives in a paged cache: its page (clamped to the pool) and
+// its row in the page.
+struct DecodePagedRow {
+  int64_t page, row;
+};
+
+SAMATTN_HOST_DEVICE DecodePagedRow decode_paged_row(const DecodeKernelParams& p, int64_t b,
+                                                    int64_t key) {
+  // Keys and page sizes fit 32 bits (cache_seqlens are int32): a 32-bit division.
+  const int64_t slot = static_cast<uint32_t>(key) / static_cast<uint32_t>(p.page_size);
+  const int64_t page = p.block_table[b * p.block_table_stride + slot];
+  return {page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page), key - slot * p.page_size};
+}
 
 // Keys of batch entry b: seqlen_k, or its cache_seqlens entry clamped to [0, seqlen_k].
 SAMATTN_HOST_DEVICE int64_t decode_entry_keys(const DecodeKernelParams& p, int64_t b) {

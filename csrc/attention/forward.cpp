@@ -50,9 +50,26 @@ bool runs_per_entry(const AttentionParams& params) {
   return params.mask.has_cache_seqlens() && !key_split_of(params).on_decode_kernel;
 }
 
+// A paged KV cache runs on the decoding kernel only: throws, naming the reason, where it does
+// not run `params`.
+void check_paged_call(const AttentionParams& params) {
+  if (!params.mask.is_paged() || detail::output_rows(params) == 0) return;
+  if (key_split_of(params).on_decode_kernel) return;
+  const char* prefix = "a paged KV cache (mask.block_table) runs on the decoding kernel only; ";
+  SAMATTN_CHECK(params.backend == Backend::kAuto || params.backend == Backend::kTensorCore, prefix,
+                "backend ", backend_name(params.backend), " was asked for");
+  SAMATTN_CHECK(!simt_forced_by_environment(), prefix, "SAMATTN_FORCE_SIMT=1 forces SIMT");
+  const Status takes = detail::decode_kernel_takes(params);
+  SAMATTN_CHECK(takes.ok(), prefix, takes.message());
+  const Status tensor_core = tensor_core::supports(params);
+  SAMATTN_CHECK(tensor_core.ok(), prefix, tensor_core.message());
+  SAMATTN_CHECK(false, prefix, "its blocks do not fit this device's shared memory");
+}
+
 }  // namespace
 
 Backend select_backend(const AttentionParams& params) {
+  check_paged_call(params);
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
   if (runs_per_entry(params)) return select_backend(detail::entry_sizing_params(params));
   if (key_split_of(params).parts() > 0) return Backend::kTensorCore;
@@ -77,6 +94,7 @@ Backend select_backend(const AttentionParams& params) {
 }
 
 std::string describe_forward(const AttentionParams& params) {
+  check_paged_call(params);
   if (runs_per_entry(params)) {
     return describe_forward(detail::entry_sizing_params(params)) +
            ", one call per batch entry (cache_seqlens)";
@@ -90,6 +108,7 @@ std::string describe_forward(const AttentionParams& params) {
 }
 
 size_t attention_forward_workspace_bytes(const AttentionParams& params) {
+  check_paged_call(params);
   if (runs_per_entry(params)) {
     return attention_forward_workspace_bytes(detail::entry_sizing_params(params));
   }
@@ -136,6 +155,7 @@ void simt_varlen_forward(const AttentionParams& params, cudaStream_t stream) {
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
+  check_paged_call(params);
   if (runs_per_entry(params)) {
     detail::per_entry_forward(params, stream);
     return;

@@ -89,6 +89,9 @@ void validate_forward_params(const AttentionParams& p) {
 void validate_backward_params(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.forward;
   validate_forward_params(p);
+  SAMATTN_CHECK(!p.mask.is_paged(),
+                "the backward takes no paged KV cache (mask.block_table): its gradients would "
+                "scatter into shared pages; gather the pages into a dense cache first");
   if (output_rows(p) > 0) {
     SAMATTN_CHECK(bp.dout != nullptr, "dout must not be null");
     SAMATTN_CHECK(bp.dq != nullptr, "dq must not be null");

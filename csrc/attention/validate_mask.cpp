@@ -116,6 +116,17 @@ void validate_mask_options(const AttentionParams& p) {
   SAMATTN_CHECK(!(m.has_cache_seqlens() && m.is_varlen()),
                 "cache_seqlens (per-entry key lengths of a dense batch) with varlen: "
                 "cu_seqlens_k already gives each sequence its keys; expected one of the two");
+  if (m.is_paged()) {
+    SAMATTN_CHECK(m.has_cache_seqlens(),
+                  "a paged KV cache (block_table) needs cache_seqlens, the entries' lengths");
+    SAMATTN_CHECK(m.page_size >= 1 && m.num_pages >= 1,
+                  "a paged KV cache needs page_size >= 1 and num_pages >= 1, got page_size ",
+                  m.page_size, " and num_pages ", m.num_pages);
+    const int64_t columns = (p.seqlen_k + m.page_size - 1) / m.page_size;
+    SAMATTN_CHECK(p.batch <= 1 || m.block_table_stride >= columns,
+                  "block_table_stride must be >= ceil(seqlen_k / page_size) = ", columns,
+                  " (one row of page numbers per batch entry), got ", m.block_table_stride);
+  }
   if (m.is_varlen()) {
     SAMATTN_CHECK(m.total_q >= 0 && m.total_k >= 0, "varlen total_q and total_k must be >= 0, got ",
                   m.total_q, " and ", m.total_k);

@@ -9,6 +9,7 @@
 #include "attention/validate.h"
 #include "common/host_float.h"
 #include "reference/reference_mask.h"
+#include "reference/reference_pages.h"
 #include "reference/reference_workers.h"
 #include "samattn/attention.h"
 
@@ -92,6 +93,11 @@ void reference_attention_forward(const AttentionParams& params) {
   detail::validate_host_cu_seqlens(params);
   detail::validate_host_cache_seqlens(params);
   if (detail::output_rows(params) == 0) return;
+  if (params.mask.is_paged()) {
+    std::vector<unsigned char> k, v;
+    reference_attention_forward(detail::gather_pages(params, k, v));
+    return;
+  }
   const double scale = detail::resolved_softmax_scale(params);
   const int64_t slices = params.batch * params.heads_q;
   const int64_t workers = detail::reference_workers(

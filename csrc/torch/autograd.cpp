@@ -35,6 +35,9 @@ using AttentionBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor
 using AttentionForwardIntoSignature = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                            const at::Tensor&, std::optional<double>, bool, int64_t,
                                            c10::string_view);
+using PagedForwardSignature = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    std::optional<double>, bool, int64_t, bool, c10::string_view);
 using VarlenForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, bool);
@@ -48,6 +51,7 @@ const OperatorHandle<AttentionBackwardSignature> attention_backward_op(
     "samattn::attention_backward");
 const OperatorHandle<AttentionForwardIntoSignature> attention_forward_into_op(
     "samattn::attention_forward_into");
+const OperatorHandle<PagedForwardSignature> paged_forward_op("samattn::paged_attention_forward");
 const OperatorHandle<VarlenForwardSignature> varlen_forward_op("samattn::varlen_attention_forward");
 const OperatorHandle<VarlenBackwardSignature> varlen_backward_op(
     "samattn::varlen_attention_backward");
@@ -353,9 +357,24 @@ void attention_forward_into_autograd(const at::Tensor& query, const at::Tensor& 
   torch::autograd::impl::bump_version(out);
 }
 
+// Inference only: a paged cache's pages may be shared between entries, so gradients would have
+// to scatter-add into them.
+std::tuple<at::Tensor, at::Tensor> paged_forward_autograd(
+    const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+    const at::Tensor& block_table, const at::Tensor& cache_seqlens, std::optional<double> scale,
+    bool causal_lower_right, int64_t num_splits, bool return_lse, c10::string_view backend) {
+  TORCH_CHECK(!records_graph({&query, &key_cache, &value_cache}),
+              "samattn: paged_attention_forward is not differentiable (inference only); for "
+              "gradients call samattn.attention on a dense cache with cache_seqlens");
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return paged_forward_op().call(query, key_cache, value_cache, block_table, cache_seqlens, scale,
+                                 causal_lower_right, num_splits, return_lse, backend);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(samattn, Autograd, m) {
+  m.impl("paged_attention_forward", &paged_forward_autograd);
   m.impl("attention_forward", &attention_forward_autograd);
   m.impl("attention_forward_into", &attention_forward_into_autograd);
   m.impl("varlen_attention_forward", &varlen_forward_autograd);

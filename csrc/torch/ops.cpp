@@ -142,6 +142,90 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
   return {dq, dk, dv};
 }
 
+// A paged KV cache (vLLM's and FlashAttention's layout): key_cache and value_cache are pools
+// (num_pages, page_size, Hkv, D|Dv); block_table (B, pages per entry) int32 lists entry b's
+// pages; cache_seqlens (B,) int32 its keys. query (B, Hq, Sq, D). The decoding kernel reads the
+// pages in place; a CUDA call it does not take reads a dense copy gathered here with the table
+// clamped to the pool, as the kernel clamps it; on the CPU the reference gathers the pages
+// itself and checks the table. Forward only.
+std::tuple<at::Tensor, at::Tensor> paged_forward_op(
+    const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+    const at::Tensor& block_table, const at::Tensor& cache_seqlens, std::optional<double> scale,
+    bool causal_lower_right, int64_t num_splits, bool return_lse, c10::string_view backend) {
+  for (const auto& [t, arg] :
+       {std::pair{&key_cache, "key_cache"}, std::pair{&value_cache, "value_cache"}}) {
+    TORCH_CHECK_VALUE(t->dim() == 4 && t->size(0) >= 1, "samattn: ", arg,
+                      " must be a 4-D pool (num_pages >= 1, page_size, heads_kv, head_dim), got "
+                      "shape ",
+                      t->sizes());
+  }
+  TORCH_CHECK_VALUE(
+      value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == key_cache.size(1),
+      "samattn: value_cache's pages (", value_cache.sizes(), ") must match key_cache's (",
+      key_cache.sizes(), ")");
+  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt && block_table.dim() == 2 &&
+                        block_table.size(0) == query.size(0) &&
+                        block_table.device() == query.device() &&
+                        (block_table.size(1) <= 1 || block_table.stride(1) == 1),
+                    "samattn: block_table must be an int32 (batch = ", query.size(0),
+                    ", pages per entry) tensor on query's device, contiguous in its last "
+                    "dimension, got ",
+                    block_table.scalar_type(), " of shape ", block_table.sizes());
+  const int64_t batch = query.size(0), page_size = key_cache.size(1);
+  // make_forward_params' checks on (B, Hkv, page_size, D) views of the first page.
+  const auto first_page = [&](const at::Tensor& pool) {
+    return pool.select(0, 0).transpose(0, 1).unsqueeze(0).expand(
+        {batch, pool.size(2), pool.size(1), pool.size(3)});
+  };
+  const ForwardOptions options{scale, false, 1, std::string_view(backend.data(), backend.size())};
+  AttentionParams params =
+      make_forward_params(query, first_page(key_cache), first_page(value_cache), options);
+  const std::optional<at::Tensor> lengths(cache_seqlens);
+  bind_mask(params, query,
+            {std::nullopt, -1, -1, "none", 0, 0, nullptr, 128, 128, &lengths, causal_lower_right});
+  params.seqlen_k = block_table.size(1) * page_size;
+  params.k = key_cache.data_ptr();
+  params.v = value_cache.data_ptr();
+  params.k_strides = Strides{key_cache.stride(0), key_cache.stride(2), key_cache.stride(1)};
+  params.v_strides = Strides{value_cache.stride(0), value_cache.stride(2), value_cache.stride(1)};
+  params.mask.block_table = block_table.data_ptr<int32_t>();
+  params.mask.block_table_stride = block_table.stride(0);
+  params.mask.page_size = page_size;
+  params.mask.num_pages = key_cache.size(0);
+  params.num_splits = num_splits;
+  at::Tensor out =
+      at::empty({batch, params.heads_q, params.seqlen_q, params.head_dim_v}, query.options());
+  at::Tensor lse =
+      at::empty(return_lse ? std::vector<int64_t>{batch, params.heads_q, params.seqlen_q}
+                           : std::vector<int64_t>{0},
+                query.options().dtype(lse_dtype(query.scalar_type())));
+  set_output(params, out);
+  params.lse = return_lse ? lse.data_ptr() : nullptr;
+  check_params(params);
+  bool in_place = !query.is_cuda();  // the CPU reference gathers the pages itself
+  if (query.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(query.device());
+    try {
+      select_backend(params);  // refuses a paged call off the decoding kernel
+      in_place = true;
+    } catch (const Error&) {
+    }
+  }
+  if (in_place) {
+    run_forward(params, query);
+    return {out, lse};
+  }
+  const auto dense = [&](const at::Tensor& pool) {
+    const at::Tensor pages = block_table.clamp(0, pool.size(0) - 1).flatten().to(at::kLong);
+    return pool.index_select(0, pages)
+        .view({batch, block_table.size(1) * page_size, pool.size(2), pool.size(3)})
+        .transpose(1, 2);
+  };
+  return attention_forward_op(query, dense(key_cache), dense(value_cache), scale, false, 1,
+                              return_lse, backend, std::nullopt, -1, -1, "none", 0, 0, std::nullopt,
+                              128, 128, num_splits, cache_seqlens, causal_lower_right);
+}
+
 // Varlen (packed) forward: query (total_q, Hq, D), key/value (total_k, Hkv, D|Dv), int32
 // cu_seqlens of batch + 1 entries. Returns out (total_q, Hq, Dv) and lse (Hq, total_q) (or an
 // empty lse when return_lse is false).
@@ -308,6 +392,12 @@ TORCH_LIBRARY(samattn, m) {
       "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
       "Tensor? cache_seqlens=None, bool causal_lower_right=False) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
+  // Not differentiable: its autograd kernel (autograd.cpp) raises when autograd would record it.
+  m.def(
+      "paged_attention_forward(Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_table, Tensor cache_seqlens, float? scale=None, "
+      "bool causal_lower_right=False, int num_splits=1, bool return_lse=False, "
+      "str backend='auto') -> (Tensor out, Tensor lse)");
   m.def(
       "varlen_attention_forward(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? scale=None, "
@@ -332,6 +422,7 @@ TORCH_LIBRARY(samattn, m) {
 
 TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
   m.impl("attention_forward", &attention_forward_op);
+  m.impl("paged_attention_forward", &paged_forward_op);
   m.impl("varlen_attention_forward", &varlen_forward_op);
   m.impl("varlen_attention_backward", &varlen_backward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);
@@ -342,6 +433,7 @@ TORCH_LIBRARY_IMPL(samattn, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(samattn, CPU, m) {
   m.impl("attention_forward", &attention_forward_op);
+  m.impl("paged_attention_forward", &paged_forward_op);
   m.impl("varlen_attention_forward", &varlen_forward_op);
   m.impl("varlen_attention_backward", &varlen_backward_op);
   m.impl("attention_forward_into", &attention_forward_into_op);

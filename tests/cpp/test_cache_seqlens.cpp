@@ -1,6 +1,7 @@
 // Per-entry key lengths (MaskOptions::cache_seqlens) on the host: the fp64 reference against the
 // same call written as an element mask, the per-entry decomposition (attention/cache_seqlens.h)
-// against the whole call, and the checks. The GPU runs are in test_masks_tensor_core.cpp
+// against the whole call, a paged cache (MaskOptions::block_table) against the dense one, and
+// the checks. The GPU runs are in test_masks_tensor_core.cpp
 // (MaskTensorCore cache_lengths_*: one call per entry, forward and backward) and
 // test_tensor_core_gpu.cpp (DecodeKernelGpu.CacheLengthsMatchReference, CacheSeqlensGpu).
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "attention/cache_seqlens.h"
+#include "attention/decode.h"
 #include "test_support.h"
 
 namespace samattn::testing {
@@ -196,6 +198,81 @@ TEST(CacheSeqlensValidation, NamesTheEntryAndTheConflict) {
   const Status status = can_implement(pb.params);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("cache_seqlens"), std::string::npos) << status.message();
+}
+
+// The reference reads a paged cache as the dense one it was scattered from, to the bit.
+TEST(PagedCacheReference, EqualsTheDenseCache) {
+  for (const int64_t page_size : {1, 5, 16, 64}) {
+    SCOPED_TRACE(page_size);
+    Problem dense({3, 4, 2, 3, 70, 8, 6}, DType::kFloat32, true, 31);
+    const std::vector<int32_t> lengths = {70, 0, 33};
+    dense.params.mask.cache_seqlens = lengths.data();
+    dense.params.mask.causal_lower_right = true;
+    const HostTensor want = dense.reference(true);
+    const std::vector<double> want_lse = dense.lse;
+    PagedCopy paged = scatter_into_pages(dense, page_size, 5);
+    AttentionParams p = dense.params;
+    bind_pages(p, paged, page_size);
+    HostTensor out(DType::kFloat32, want.size());
+    out.poison();
+    std::vector<float> lse(want_lse.size(), std::nanf(""));
+    p.out = out.data();
+    p.lse = lse.data();
+    reference_attention_forward(p);
+    expect_identical(out, want, "out");
+    for (size_t r = 0; r < want_lse.size(); ++r) {
+      ASSERT_EQ(static_cast<double>(lse[r]), want_lse[r]) << "lse row " << r;
+    }
+  }
+}
+
+TEST(PagedCacheValidation, NamesWhatIsMissing) {
+  Problem pb({2, 2, 2, 1, 40, 8, 8}, DType::kFloat32);
+  const std::vector<int32_t> lengths = {40, 7};
+  PagedCopy paged = scatter_into_pages(pb, 16, 1);
+  bind_pages(pb.params, paged, 16);
+  EXPECT_NE(can_implement(pb.params).message().find("needs cache_seqlens"), std::string::npos)
+      << can_implement(pb.params).message();
+  pb.params.mask.cache_seqlens = lengths.data();
+  EXPECT_TRUE(can_implement(pb.params).ok()) << can_implement(pb.params).message();
+  pb.params.mask.block_table_stride = 2;  // 40 keys in pages of 16: 3 columns
+  EXPECT_NE(can_implement(pb.params).message().find("block_table_stride must be >= "
+                                                    "ceil(seqlen_k / page_size) = 3"),
+            std::string::npos)
+      << can_implement(pb.params).message();
+  pb.params.mask.block_table_stride = paged.table_stride;
+  paged.table[1] = static_cast<int32_t>(paged.pages);  // entry 0's second page: past the pool
+  HostTensor out(DType::kFloat32, pb.out.size());
+  pb.params.out = out.data();
+  try {
+    reference_attention_forward(pb.params);
+    FAIL() << "a page past the pool must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block_table[0, 1] is"), std::string::npos) << e.what();
+  }
+  AttentionBackwardParams bp;
+  bp.forward = pb.params;
+  EXPECT_NE(can_implement_backward(bp).message().find("no paged KV cache"), std::string::npos)
+      << can_implement_backward(bp).message();
+}
+
+// The decoding kernel's page lookup (host-device): the listed page, clamped to the pool, and the
+// row in it.
+TEST(PagedCacheDecode, RowsComeFromTheirPages) {
+  const std::vector<int32_t> table = {7, 2, -4, 99, 5, 0};  // 2 entries x 3 columns
+  detail::DecodeKernelParams k{};
+  k.block_table = table.data();
+  k.block_table_stride = 3;
+  k.page_size = 16;
+  k.num_pages = 8;
+  EXPECT_EQ(detail::decode_paged_row(k, 0, 0).page, 7);
+  EXPECT_EQ(detail::decode_paged_row(k, 0, 17).page, 2);
+  EXPECT_EQ(detail::decode_paged_row(k, 0, 17).row, 1);
+  EXPECT_EQ(detail::decode_paged_row(k, 0, 40).page, 0) << "-4 clamped to the first page";
+  EXPECT_EQ(detail::decode_paged_row(k, 1, 15).page, 7) << "99 clamped to the last page";
+  EXPECT_EQ(detail::decode_paged_row(k, 1, 15).row, 15);
+  EXPECT_EQ(detail::decode_paged_row(k, 1, 47).page, 0);
+  EXPECT_EQ(detail::decode_paged_row(k, 1, 47).row, 15);
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 // the dtype, and device buffers for the GPU tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -174,6 +176,63 @@ struct Problem {
     return result;
   }
 };
+
+// A dense cache's rows scattered into a pool of pages in a shuffled order, the pages no entry
+// uses NaN: what a paged call must read as the dense one.
+struct PagedCopy {
+  HostTensor k, v;
+  std::vector<int32_t> table;
+  int64_t pages, table_stride;
+};
+
+inline PagedCopy scatter_into_pages(const Problem& dense, int64_t page_size, uint64_t seed) {
+  const AttentionParams& p = dense.params;
+  const int64_t columns = (p.seqlen_k + page_size - 1) / page_size;
+  PagedCopy paged{HostTensor(dense.dtype, 0), HostTensor(dense.dtype, 0), {}, 0, columns + 1};
+  paged.pages = p.batch * columns + 3;  // three spare pages nobody lists
+  const int64_t row_k = p.heads_kv * p.head_dim, row_v = p.heads_kv * p.head_dim_v;
+  paged.k = HostTensor(dense.dtype, paged.pages * page_size * row_k);
+  paged.v = HostTensor(dense.dtype, paged.pages * page_size * row_v);
+  for (int64_t i = 0; i < paged.k.size(); ++i) paged.k.set(i, std::nan(""));
+  for (int64_t i = 0; i < paged.v.size(); ++i) paged.v.set(i, std::nan(""));
+  std::vector<int32_t> order(paged.pages);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+  paged.table.assign(p.batch * paged.table_stride, -1);  // the spare column: never read
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t c = 0; c < columns; ++c)
+      paged.table[b * paged.table_stride + c] = order[b * columns + c];
+    for (int64_t j = 0; j < p.seqlen_k; ++j) {
+      const int64_t page = paged.table[b * paged.table_stride + j / page_size];
+      const int64_t row = page * page_size + j % page_size;
+      for (int64_t h = 0; h < p.heads_kv; ++h) {
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          paged.k.set(
+              row * row_k + h * p.head_dim + d,
+              dense.k.get(b * p.k_strides.batch + h * p.k_strides.head + j * p.k_strides.seq + d));
+        }
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          paged.v.set(
+              row * row_v + h * p.head_dim_v + d,
+              dense.v.get(b * p.v_strides.batch + h * p.v_strides.head + j * p.v_strides.seq + d));
+        }
+      }
+    }
+  }
+  return paged;
+}
+
+// Points `p` at the pool: (pages, page_size, Hkv, D) storage, FlashAttention's layout.
+inline void bind_pages(AttentionParams& p, PagedCopy& paged, int64_t page_size) {
+  p.k = paged.k.data();
+  p.v = paged.v.data();
+  p.k_strides = {page_size * p.heads_kv * p.head_dim, p.head_dim, p.heads_kv * p.head_dim};
+  p.v_strides = {page_size * p.heads_kv * p.head_dim_v, p.head_dim_v, p.heads_kv * p.head_dim_v};
+  p.mask.block_table = paged.table.data();
+  p.mask.block_table_stride = paged.table_stride;
+  p.mask.page_size = page_size;
+  p.mask.num_pages = paged.pages;
+}
 
 // Per-element bound |out - ref| <= rtol * |ref| + atol * max|ref|: rtol covers rounding the
 // output to its dtype (twice the unit roundoff), atol the accumulated error of the arithmetic.

@@ -528,6 +528,115 @@ TEST(DecodeKernelGpu, CacheLengthsMatchReference) {
   }
 }
 
+// A paged cache (block_table): the dense cache's rows scattered over a pool of shuffled pages
+// (spare pages NaN), read by the decoding kernel through the table; page sizes that are a tile
+// (64), larger (256), smaller (16, 1) and not a power of two (100), so a tile spans pages.
+TEST(DecodeKernelGpu, PagedCacheMatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  struct PagedCase {
+    const char* name;
+    Shape shape;
+    bool lower_right;
+    int64_t num_splits, page_size;
+  };
+  const PagedCase cases[] = {
+      {"page_16_split", {4, 8, 2, 1, 1000, 128, 128}, false, 0, 16},
+      {"page_256_one_chunk", {4, 8, 2, 1, 1000, 128, 128}, false, 1, 256},
+      {"page_100_drafts_lower_right", {4, 8, 2, 4, 777, 64, 64}, true, 4, 100},
+      {"page_1_d96", {2, 4, 4, 1, 300, 96, 96}, false, 3, 1},
+      {"page_64_d256", {4, 8, 1, 1, 500, 256, 256}, false, 0, 64},
+  };
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const PagedCase& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + "/" + c.name);
+      Problem pb(c.shape, dtype, true, 43);
+      const std::vector<int32_t> lengths = cache_lengths_of(pb.params);
+      pb.params.mask.cache_seqlens = lengths.data();
+      pb.params.mask.causal_lower_right = c.lower_right;
+      const HostTensor expected = pb.reference(/*with_lse=*/true);
+      const Emulated emulated = low_precision_reference(pb);
+      PagedCopy paged = scatter_into_pages(pb, c.page_size, 7);
+      DeviceProblem dp(pb);
+      DeviceBuffer k_pool(paged.k), v_pool(paged.v);
+      DeviceBuffer table(paged.table.size() * sizeof(int32_t));
+      DeviceBuffer device_lengths(lengths.size() * sizeof(int32_t));
+      ASSERT_EQ(cudaMemcpy(table.get(), paged.table.data(), paged.table.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(device_lengths.get(), lengths.data(), lengths.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      AttentionParams p = dp.pb.params;
+      bind_pages(p, paged, c.page_size);
+      p.k = k_pool.get();
+      p.v = v_pool.get();
+      p.mask.block_table = static_cast<const int32_t*>(table.get());
+      p.mask.cache_seqlens = static_cast<const int32_t*>(device_lengths.get());
+      p.num_splits = c.num_splits;
+      EXPECT_NE(describe_forward(p).find("decoding kernel"), std::string::npos)
+          << describe_forward(p);
+      const int64_t rows = c.shape.batch * c.shape.heads_q * c.shape.seqlen_q;
+      DeviceBuffer lse(rows * sizeof(float));
+      ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
+      p.lse = lse.get();
+      DeviceBuffer workspace(attention_forward_workspace_bytes(p));
+      p.workspace = workspace.get();
+      attention_forward(p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      HostTensor got(dtype, pb.out.size());
+      dp.out.download(got.data());
+      EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
+      std::vector<float> lse32(rows);
+      lse.download(lse32.data());
+      for (int64_t i = 0; i < rows; ++i) {
+        if (std::isinf(pb.lse[i])) {
+          EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
+        } else {
+          EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+        }
+      }
+      // A call the decoding kernel does not take is refused with the reason, before any launch.
+      p.causal = true;
+      p.mask.causal_lower_right = false;
+      try {
+        attention_forward(p, nullptr);
+        ADD_FAILURE() << "a paged call off the decoding kernel must be refused";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("runs on the decoding kernel only"), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+}
+
+// A page stride that is not a multiple of 16 bytes is refused before any launch, also with one
+// batch entry (the kernel steps by it between pages, whatever the batch).
+TEST(DecodeKernelGpu, PagedCacheWithAMisalignedPageStrideIsRefused) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  DeviceProblem dp(Shape{1, 8, 1, 1, 32, 128, 128}, DType::kFloat16);
+  const int64_t page_size = 16, pages = 2, page_stride = page_size * 128 + 4;  // 8 mod 16 bytes
+  DeviceBuffer pool(pages * page_stride * 2), table(2 * sizeof(int32_t)), lengths(sizeof(int32_t));
+  const int32_t table_host[] = {1, 0}, lengths_host[] = {20};
+  ASSERT_EQ(cudaMemcpy(table.get(), table_host, sizeof(table_host), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lengths.get(), lengths_host, sizeof(lengths_host), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  AttentionParams p = dp.pb.params;
+  p.k = p.v = pool.get();
+  p.k_strides = p.v_strides = {page_stride, 128, 128};
+  p.mask.block_table = static_cast<const int32_t*>(table.get());
+  p.mask.block_table_stride = 2;
+  p.mask.page_size = page_size;
+  p.mask.num_pages = pages;
+  p.mask.cache_seqlens = static_cast<const int32_t*>(lengths.get());
+  try {
+    attention_forward(p, nullptr);
+    ADD_FAILURE() << "a misaligned page stride must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k batch stride"), std::string::npos) << e.what();
+  }
+}
+
 // cache_seqlens where the decoding kernel does not run the call (num_splits 1, rows past it):
 // one call per batch entry on the kernel the entry picks (the Hopper forward on sm_90).
 TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
@@ -539,6 +648,19 @@ TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
       pb.params.mask.causal_lower_right = lower_right;
       const std::vector<int32_t> lengths = cache_lengths_of(pb.params);
       pb.params.mask.cache_seqlens = lengths.data();
+      const AttentionParams& hp = pb.params;
+      for (int64_t b = 0; b < hp.batch; ++b) {  // rows past the lengths: never read
+        for (int64_t h = 0; h < hp.heads_kv; ++h) {
+          for (int64_t j = lengths[b]; j < hp.seqlen_k; ++j) {
+            for (int64_t d = 0; d < hp.head_dim; ++d) {
+              pb.k.set(b * hp.k_strides.batch + h * hp.k_strides.head + j * hp.k_strides.seq + d,
+                       std::nan(""));
+              pb.v.set(b * hp.v_strides.batch + h * hp.v_strides.head + j * hp.v_strides.seq + d,
+                       std::nan(""));
+            }
+          }
+        }
+      }
       const HostTensor expected = pb.reference(/*with_lse=*/true);
       const Emulated emulated = low_precision_reference(pb);
       DeviceProblem dp(pb);

@@ -113,6 +113,35 @@ __device__ __forceinline__ void add_key_terms(float (&s)[1][2][4], const float* 
   }
 }
 
+// A stage of a paged cache: keys [first, first + valid_rows) of entry b (rows past them zeros)
+// into the K and V tiles, each row from its own page. The threads split rows and 16-byte chunks
+// as load_tile_async does; a row's page is looked up once for its K and V rows.
+template <int kHeadDim, int kStride, int kThreads, typename Element>
+__device__ __forceinline__ void load_paged_stage(Element* k_tile, Element* v_tile,
+                                                 const detail::DecodeKernelParams& p,
+                                                 const Element* k_head, const Element* v_head,
+                                                 int64_t b, int64_t first, int valid_rows) {
+  constexpr int kRows = detail::kDecodeBlockN;
+  constexpr int kChunkElems = 16 / int(sizeof(Element));
+  constexpr int kChunksPerRow = kHeadDim / kChunkElems;
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  const int thread = static_cast<int>(threadIdx.x);
+  if (thread >= kRowStep * kChunksPerRow) return;
+  const int col = thread % kChunksPerRow * kChunkElems;
+  for (int row = thread / kChunksPerRow; row < kRows; row += kRowStep) {
+    const bool valid = row < valid_rows;
+    const Element* k_from = k_head;
+    const Element* v_from = v_head;
+    if (valid) {
+      const detail::DecodePagedRow at = detail::decode_paged_row(p, b, first + row);
+      k_from = k_head + at.page * p.k_batch_stride + at.row * p.k_row_stride + col;
+      v_from = v_head + at.page * p.v_batch_stride + at.row * p.v_row_stride + col;
+    }
+    cp_async_16(shared_address(k_tile + row * kStride + col), k_from, valid);
+    cp_async_16(shared_address(v_tile + row * kStride + col), v_from, valid);
+  }
+}
+
 template <typename Element, int kHeadDim>
 __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p) {
   using Cfg = DecodeConfig<kHeadDim>;
@@ -137,10 +166,12 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   const int64_t n_tiles = chunk.tiles;
 
   const auto* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
-  const auto* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
-                  head_kv * p.k_head_stride + chunk.begin * p.k_row_stride;
-  const auto* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
-                  head_kv * p.v_head_stride + chunk.begin * p.v_row_stride;
+  // A paged cache: the head's rows in the pool (each key row's page added when it loads).
+  const bool paged = p.block_table != nullptr;
+  const auto* k_head = static_cast<const Element*>(p.k) + head_kv * p.k_head_stride;
+  const auto* v_head = static_cast<const Element*>(p.v) + head_kv * p.v_head_stride;
+  const auto* k = k_head + (paged ? 0 : b * p.k_batch_stride + chunk.begin * p.k_row_stride);
+  const auto* v = v_head + (paged ? 0 : b * p.v_batch_stride + chunk.begin * p.v_row_stride);
 
   // Query rows of the computed 16-row tiles: 16-byte copies with each row's own address; rows
   // past `rows` are zeros.
@@ -160,6 +191,11 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
     Element* k_tile = stages + (tile % detail::kDecodeStages) * 2 * Cfg::kTileElems;
     const int64_t first = tile * kBlockN;
     const int keys = static_cast<int>(min(static_cast<int64_t>(kBlockN), any_end - first));
+    if (paged) {
+      load_paged_stage<kHeadDim, kStride, Cfg::kThreads>(
+          k_tile, k_tile + Cfg::kTileElems, p, k_head, v_head, b, chunk.begin + first, keys);
+      return;
+    }
     load_tile_async<kBlockN, kHeadDim, kStride, Cfg::kThreads>(k_tile, k + first * p.k_row_stride,
                                                                p.k_row_stride, keys);
     load_tile_async<kBlockN, kHeadDim, kStride, Cfg::kThreads>(

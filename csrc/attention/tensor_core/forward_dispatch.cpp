@@ -83,13 +83,17 @@ Status supports(const AttentionParams& p, const detail::DeviceInfo& device) {
   const int64_t keys = detail::strided_key_count(p);
   // Varlen sequences start at any physical row of k and v.
   const int64_t kv_rows = p.mask.is_varlen() ? 1 : p.kv_stride;
+  // A paged cache's batch stride steps between its pages, each of page_size rows.
+  const bool paged = p.mask.is_paged();
+  const int64_t kv_batches = paged ? p.mask.num_pages : p.batch;
+  const int64_t kv_span = paged ? p.mask.page_size : keys * p.kv_stride / kv_rows;
   const std::string misaligned[] = {
       detail::misalignment("q", p.q, p.q_strides, p.q_strides.seq, p.batch, p.heads_q, p.seqlen_q,
                            bytes),
-      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * kv_rows, p.batch, p.heads_kv,
-                           keys * p.kv_stride / kv_rows, bytes),
-      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * kv_rows, p.batch, p.heads_kv,
-                           keys * p.kv_stride / kv_rows, bytes),
+      detail::misalignment("k", p.k, p.k_strides, p.k_strides.seq * kv_rows, kv_batches, p.heads_kv,
+                           kv_span, bytes),
+      detail::misalignment("v", p.v, p.v_strides, p.v_strides.seq * kv_rows, kv_batches, p.heads_kv,
+                           kv_span, bytes),
       detail::misalignment("out", p.out, p.out_strides, p.out_strides.seq, p.batch, p.heads_q,
                            p.seqlen_q, bytes)};
   for (const std::string& why : misaligned) {

@@ -86,11 +86,26 @@ struct MaskOptions {
   // (one synchronisation), checks them and runs one call per batch entry.
   const int32_t* cache_seqlens = nullptr;
 
+  // A paged KV cache (vLLM's and FlashAttention's block_table), with cache_seqlens, or null: k
+  // and v are pools of num_pages pages of page_size rows, k_strides.batch (v_strides.batch) the
+  // stride between pages, .seq between a page's rows and .head between heads; batch entry b's key
+  // j is row j % page_size of page block_table[b * block_table_stride + j / page_size]. int32, in
+  // the memory of the call; on the device, entries outside [0, num_pages) are clamped (the
+  // contents are the caller's). seqlen_k bounds the entries' lengths: block_table has at least
+  // ceil(seqlen_k / page_size) columns. Only the decoding kernel reads a paged cache (the calls
+  // AttentionParams::num_splits lists); the others are refused, naming the reason. The
+  // reference gathers the pages first.
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+
   bool has_element_mask() const { return data != nullptr; }
   bool has_block_map() const { return block_map != nullptr; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
   bool has_cache_seqlens() const { return cache_seqlens != nullptr; }
+  bool is_paged() const { return block_table != nullptr; }
   // True when a key's visibility depends on anything but causal and kv_stride.
   bool any() const {
     return has_element_mask() || has_block_map() || has_window() || causal_lower_right ||
