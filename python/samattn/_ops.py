@@ -55,6 +55,16 @@ def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, caus
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
+@torch.library.register_fake("samattn::paged_attention_forward")
+def _paged_forward_fake(query, key_cache, value_cache, block_table, cache_seqlens, scale=None,
+                        causal_lower_right=False, num_splits=1, return_lse=False,
+                        backend="auto"):
+    batch, heads, seqlen_q, _ = query.shape
+    out = query.new_empty((batch, heads, seqlen_q, value_cache.shape[-1]))
+    lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
+    return out, query.new_empty(lse_shape, dtype=_lse_dtype(query.dtype))
+
+
 @torch.library.register_fake("samattn::varlen_attention_forward")
 def _varlen_forward_fake(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, scale=None, causal=False, window_left=-1, window_right=-1,

@@ -163,13 +163,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     of its k and v (0 <= value <= Sk: a KV cache allocated for Sk keys and filled to a different
     length per entry); the rows past it are never read and get zero gradients. With
     causal="lower_right" each entry aligns to its own length (query i sees keys
-    j <= i + cache_seqlens[b] - Sq). Calls the decoding kernel takes (at most 64 query rows per
+    j <= i + cache_seqlens[b] - Sq: FlashAttention's ``causal=True`` with ``cache_seqlens``;
+    ``causal=True`` here stays top-left, j <= i). Calls the decoding kernel takes (at most 64 query rows per
     kv head and the rest of its conditions under num_splits; with num_splits=1 it runs them as one
     chunk) read the lengths on the GPU in one launch, and a split skips the chunks past an
     entry's length; every other call reads them back (one
     synchronisation, so not inside CUDA-graph capture), checks them, and runs one call per batch
-    entry. CUDA lengths the decoding kernel reads are not checked (FlashAttention's contract):
-    values outside [0, Sk] are clamped.
+    entry; so does the backward. CUDA lengths the decoding kernel reads are not checked
+    (FlashAttention's contract): values outside [0, Sk] are clamped there, and the backward
+    then raises on them.
 
     A row that sees no key gets output 0 and lse -inf (torch's SDPA gives NaN there).
 
@@ -259,6 +261,37 @@ def _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend
     if not return_lse:
         return out
     return out, torch.cat([lse.new_full((*lead, first), -math.inf), lse], dim=-1)
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                    cache_seqlens: Tensor, *, causal: Union[bool, str] = False,
+                    scale: Optional[float] = None, num_splits: int = 1,
+                    return_lse: bool = False,
+                    backend: str = "auto") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention of new queries against a paged KV cache (vLLM's and FlashAttention's
+    ``block_table`` layout), for inference.
+
+    q: (B, Hq, Sq, D), last dimension contiguous. k_cache, v_cache: pools of pages,
+    (num_pages, page_size, Hkv, D) and (num_pages, page_size, Hkv, Dv), last dimension contiguous.
+    block_table: int32 (B, pages per entry): entry b's key j is row j % page_size of page
+    block_table[b, j // page_size]; pages may be shared between entries. cache_seqlens: int32 (B,),
+    entry b's keys (0 <= value <= pages per entry x page_size). causal: False, or "lower_right"
+    (query i sees keys j <= i + cache_seqlens[b] - Sq: new tokens at the end of each entry's
+    cache); top-left causal has no meaning against a cache and raises.
+
+    On CUDA, calls the decoding kernel takes (float16/bfloat16, head dims 64, 96, 128, 192, 256,
+    at most 64 query rows per kv head: see samattn.attention's num_splits; num_splits=0 splits
+    the keys automatically) read the pages in place, the table clamped to the pool and not
+    checked (FlashAttention's contract); every other call, and CPU tensors, read a dense copy
+    gathered from the pages. Not differentiable.
+    """
+    if not (causal is False or causal == "lower_right"):
+        raise ValueError("samattn: paged_attention takes causal=False or 'lower_right' (new tokens "
+                         "at the end of each entry's cache), got " + repr(causal))
+    lower_right = _causal_is_lower_right(causal)
+    out, lse = ops.paged_attention_forward(q, k_cache, v_cache, block_table, cache_seqlens, scale,
+                                           lower_right, num_splits, return_lse, backend)
+    return (out, lse) if return_lse else out
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
