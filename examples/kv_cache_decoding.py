@@ -1,11 +1,11 @@
 """Generation with a KV cache on samattn: a prompt's prefill (causal), then steps of new tokens
 against the cached keys and values (causal="lower_right": new token i sees the cache and the
 new tokens up to itself), with split-key attention for the one-token steps (num_splits=0; it
-only changes anything on a GPU). Then a ragged batch (prompts of different lengths) in one
-preallocated cache: each entry's keys are the first cache_seqlens[b] rows, so the prefill is
-causal=True with the prompts' lengths and every decoding step writes each entry's new token at its
-own position. Every step's logits are checked against running each sequence again without a
-cache.
+only changes anything on a GPU). Then a ragged batch (prompts of different lengths) in
+preallocated caches, dense (samattn.KVCache: each entry's keys are the first cache_seqlens[b]
+rows) and paged (samattn.PagedKVCache: pages of a shared pool listed in a block table): every
+decoding step writes each entry's new token at its own position. Every step's logits are checked
+against running each sequence again without a cache.
 
     python examples/kv_cache_decoding.py                 # CPU, float64 (the fp64 reference)
     python examples/kv_cache_decoding.py --device cuda   # GPU, bfloat16
@@ -49,21 +49,16 @@ class Layer(nn.Module):
         x = x + self.out(a.transpose(1, 2).reshape(batch, new, -1))
         return x + self.mlp(self.norm2(x)), (k, v)
 
-    def forward_cached(self, x, cache, written, lengths, causal, num_splits):
-        """x: new tokens (B, T, E) written at positions written[b] + t of the preallocated cache
-        (k, v), (B, Hkv, S_max, D) each; entry b then has lengths[b] valid keys (padding tokens
-        of a ragged prefill are written but lie past lengths[b], so no query sees them)."""
+    def forward_cached(self, x, cache, counts, causal, num_splits):
+        """x: new tokens (B, T, E) appended to `cache` (a samattn.KVCache or PagedKVCache), entry
+        b bringing counts[b] of them (the rest, padding of a ragged prefill, lies past its length,
+        so no query sees it)."""
         batch, new, _ = x.shape
         h = self.norm1(x)
         q = self.q(h).view(batch, new, self.heads, self.dim).transpose(1, 2)
         k, v = self.kv(h).view(batch, new, 2, self.kv_heads, self.dim).permute(2, 0, 3, 1, 4)
-        positions = written.long().view(batch, 1, 1, 1) + torch.arange(new, device=x.device).view(
-            1, 1, new, 1)
-        index = positions.expand(batch, self.kv_heads, new, self.dim)
-        cache[0].scatter_(2, index, k)
-        cache[1].scatter_(2, index, v)
-        a = samattn.attention(q, cache[0], cache[1], causal=causal, cache_seqlens=lengths,
-                              num_splits=num_splits)
+        cache.append(k, v, counts)
+        a = cache.attend(q, causal=causal, num_splits=num_splits)
         x = x + self.out(a.transpose(1, 2).reshape(batch, new, -1))
         return x + self.mlp(self.norm2(x))
 
@@ -84,31 +79,42 @@ class TinyDecoder(nn.Module):
         return self.head(x), new_caches
 
 
-def forward_cached(model, tokens, caches, written, lengths, causal, num_splits):
+def forward_cached(model, tokens, caches, counts, causal, num_splits):
     x = model.embed(tokens)
     for layer, cache in zip(model.layers, caches):
-        x = layer.forward_cached(x, cache, written, lengths, causal, num_splits)
+        x = layer.forward_cached(x, cache, counts, causal, num_splits)
     return model.head(x)
 
 
-def generate_ragged(model, prompts, steps):
+def make_caches(model, batch, tokens, paged):
+    """One cache per layer for `tokens` tokens per entry: dense, or paged (pages of 4 rows from a
+    pool shared by the entries)."""
+    first, dtype = model.layers[0], model.head.weight.dtype
+    device = model.head.weight.device
+    if paged:
+        page_size = 4
+        pages = batch * -(-tokens // page_size)
+        return [samattn.PagedKVCache(batch, pages, page_size, first.kv_heads, first.dim,
+                                     dtype=dtype, device=device) for _ in model.layers]
+    return [samattn.KVCache(batch, first.kv_heads, tokens, first.dim, dtype=dtype, device=device)
+            for _ in model.layers]
+
+
+def generate_ragged(model, prompts, steps, paged=False):
     """Greedy generation for prompts of different lengths in one batch: right-padded prompts
-    prefilled at once (causal=True, cache_seqlens = the prompts' lengths), then one token per
-    entry per step at its own position (cache_seqlens grows by one, num_splits=0). Returns the
-    largest difference between an entry's logits and its sequence recomputed alone."""
+    prefilled at once into empty caches (top-left causal: query i sees keys j <= i; each entry
+    keeps only its prompt's keys), then one token per entry per step (bottom-right causal,
+    num_splits=0). Returns the largest difference between an entry's logits and its sequence
+    recomputed alone."""
     device = prompts[0].device
     batch, longest = len(prompts), max(len(p) for p in prompts)
-    first = model.layers[0]
-    shape = (batch, first.kv_heads, longest + steps, first.dim)
-    dtype = model.head.weight.dtype
-    caches = [(torch.zeros(shape, device=device, dtype=dtype),
-               torch.zeros(shape, device=device, dtype=dtype)) for _ in model.layers]
+    caches = make_caches(model, batch, longest + steps, paged)
     padded = torch.zeros(batch, longest, dtype=torch.long, device=device)
     for b, p in enumerate(prompts):
         padded[b, :len(p)] = p
-    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=device)
-    logits = forward_cached(model, padded, caches, torch.zeros_like(lengths), lengths, True, 1)
-    last = logits[torch.arange(batch, device=device), lengths.long() - 1]
+    counts = [len(p) for p in prompts]
+    logits = forward_cached(model, padded, caches, counts, "upper_left", 1)
+    last = logits[torch.arange(batch, device=device), torch.tensor(counts, device=device) - 1]
     sequences = [p.clone() for p in prompts]
 
     def difference():
@@ -122,8 +128,7 @@ def generate_ragged(model, prompts, steps):
     for _ in range(steps):
         new = last.argmax(-1)
         sequences = [torch.cat([s, new[b:b + 1]]) for b, s in enumerate(sequences)]
-        last = forward_cached(model, new.unsqueeze(1), caches, lengths, lengths + 1, False, 0)[:, 0]
-        lengths = lengths + 1
+        last = forward_cached(model, new.unsqueeze(1), caches, None, "lower_right", 0)[:, 0]
         worst = max(worst, difference())
     return worst
 
@@ -162,15 +167,17 @@ def main(argv=None) -> int:
     prompts = [torch.randint(0, 97, (n,), device=args.device) for n in (11, 4, 7)]
     with torch.no_grad():
         tokens, worst = generate(model, prompt, args.steps)
-        ragged_worst = generate_ragged(model, prompts, args.steps)
+        ragged_worst = max(generate_ragged(model, prompts, args.steps),
+                           generate_ragged(model, prompts, args.steps, paged=True))
     # float64 agrees to rounding. In bfloat16 the cached and the recomputed path round
     # differently (other matrix shapes, split keys) through both layers; the limit is an estimate
     # not yet checked on a GPU: 16 units of bfloat16's last place at logits of magnitude ~4.
     limit = 1e-9 if dtype == torch.float64 else 16 * 4 * 2.0 ** -8
     print(f"generated {tokens.shape[1] - prompt.shape[1]} tokens per sequence on {args.device}; "
           f"largest logit difference cached vs recomputed: {worst:.3g} (limit {limit})")
-    print(f"ragged batch of prompts of {[len(p) for p in prompts]} tokens in one preallocated "
-          f"cache (cache_seqlens): largest logit difference {ragged_worst:.3g} (limit {limit})")
+    print(f"ragged batch of prompts of {[len(p) for p in prompts]} tokens in preallocated "
+          f"caches (samattn.KVCache, samattn.PagedKVCache): largest logit difference "
+          f"{ragged_worst:.3g} (limit {limit})")
     return 0 if max(worst, ragged_worst) <= limit else 1
 
 

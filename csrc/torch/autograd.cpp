@@ -37,7 +37,7 @@ using AttentionForwardIntoSignature = void(const at::Tensor&, const at::Tensor&,
                                            c10::string_view);
 using PagedForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    std::optional<double>, bool, int64_t, bool, c10::string_view);
+    std::optional<double>, bool, bool, int64_t, bool, c10::string_view);
 using VarlenForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, bool);
@@ -362,13 +362,14 @@ void attention_forward_into_autograd(const at::Tensor& query, const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> paged_forward_autograd(
     const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
     const at::Tensor& block_table, const at::Tensor& cache_seqlens, std::optional<double> scale,
-    bool causal_lower_right, int64_t num_splits, bool return_lse, c10::string_view backend) {
+    bool causal, bool causal_lower_right, int64_t num_splits, bool return_lse,
+    c10::string_view backend) {
   TORCH_CHECK(!records_graph({&query, &key_cache, &value_cache}),
               "samattn: paged_attention_forward is not differentiable (inference only); for "
               "gradients call samattn.attention on a dense cache with cache_seqlens");
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return paged_forward_op().call(query, key_cache, value_cache, block_table, cache_seqlens, scale,
-                                 causal_lower_right, num_splits, return_lse, backend);
+                                 causal, causal_lower_right, num_splits, return_lse, backend);
 }
 
 }  // namespace

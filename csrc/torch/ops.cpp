@@ -151,7 +151,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
 std::tuple<at::Tensor, at::Tensor> paged_forward_op(
     const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
     const at::Tensor& block_table, const at::Tensor& cache_seqlens, std::optional<double> scale,
-    bool causal_lower_right, int64_t num_splits, bool return_lse, c10::string_view backend) {
+    bool causal, bool causal_lower_right, int64_t num_splits, bool return_lse,
+    c10::string_view backend) {
   for (const auto& [t, arg] :
        {std::pair{&key_cache, "key_cache"}, std::pair{&value_cache, "value_cache"}}) {
     TORCH_CHECK_VALUE(t->dim() == 4 && t->size(0) >= 1, "samattn: ", arg,
@@ -177,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> paged_forward_op(
     return pool.select(0, 0).transpose(0, 1).unsqueeze(0).expand(
         {batch, pool.size(2), pool.size(1), pool.size(3)});
   };
-  const ForwardOptions options{scale, false, 1, std::string_view(backend.data(), backend.size())};
+  const ForwardOptions options{scale, causal, 1, std::string_view(backend.data(), backend.size())};
   AttentionParams params =
       make_forward_params(query, first_page(key_cache), first_page(value_cache), options);
   const std::optional<at::Tensor> lengths(cache_seqlens);
@@ -221,7 +222,7 @@ std::tuple<at::Tensor, at::Tensor> paged_forward_op(
         .view({batch, block_table.size(1) * page_size, pool.size(2), pool.size(3)})
         .transpose(1, 2);
   };
-  return attention_forward_op(query, dense(key_cache), dense(value_cache), scale, false, 1,
+  return attention_forward_op(query, dense(key_cache), dense(value_cache), scale, causal, 1,
                               return_lse, backend, std::nullopt, -1, -1, "none", 0, 0, std::nullopt,
                               128, 128, num_splits, cache_seqlens, causal_lower_right);
 }
@@ -395,7 +396,7 @@ TORCH_LIBRARY(samattn, m) {
   // Not differentiable: its autograd kernel (autograd.cpp) raises when autograd would record it.
   m.def(
       "paged_attention_forward(Tensor query, Tensor key_cache, Tensor value_cache, "
-      "Tensor block_table, Tensor cache_seqlens, float? scale=None, "
+      "Tensor block_table, Tensor cache_seqlens, float? scale=None, bool causal=False, "
       "bool causal_lower_right=False, int num_splits=1, bool return_lse=False, "
       "str backend='auto') -> (Tensor out, Tensor lse)");
   m.def(

@@ -18,12 +18,15 @@ from samattn.functional import (
     strided_attention,
     varlen_attention,
 )
+from samattn.kv_cache import KVCache, PagedKVCache
 from samattn.linalg import attention_unfused, gemm, gemm_kernel, softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BlockSparse",
+    "KVCache",
+    "PagedKVCache",
     "block_sparse_from_mask",
     "block_sparse_from_pattern",
     "attention",

@@ -57,7 +57,7 @@ def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, caus
 
 @torch.library.register_fake("samattn::paged_attention_forward")
 def _paged_forward_fake(query, key_cache, value_cache, block_table, cache_seqlens, scale=None,
-                        causal_lower_right=False, num_splits=1, return_lse=False,
+                        causal=False, causal_lower_right=False, num_splits=1, return_lse=False,
                         backend="auto"):
     batch, heads, seqlen_q, _ = query.shape
     out = query.new_empty((batch, heads, seqlen_q, value_cache.shape[-1]))

@@ -275,9 +275,11 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Te
     (num_pages, page_size, Hkv, D) and (num_pages, page_size, Hkv, Dv), last dimension contiguous.
     block_table: int32 (B, pages per entry): entry b's key j is row j % page_size of page
     block_table[b, j // page_size]; pages may be shared between entries. cache_seqlens: int32 (B,),
-    entry b's keys (0 <= value <= pages per entry x page_size). causal: False, or "lower_right"
+    entry b's keys (0 <= value <= pages per entry x page_size). causal: False; "lower_right"
     (query i sees keys j <= i + cache_seqlens[b] - Sq: new tokens at the end of each entry's
-    cache); top-left causal has no meaning against a cache and raises.
+    cache, FlashAttention's causal=True); or "upper_left" (query i sees keys j <= i: the prefill
+    of right-padded prompts into empty entries). causal=True raises, as it means the one here and
+    the other in FlashAttention.
 
     On CUDA, calls the decoding kernel takes (float16/bfloat16, head dims 64, 96, 128, 192, 256,
     at most 64 query rows per kv head: see samattn.attention's num_splits; num_splits=0 splits
@@ -285,12 +287,13 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Te
     checked (FlashAttention's contract); every other call, and CPU tensors, read a dense copy
     gathered from the pages. Not differentiable.
     """
-    if not (causal is False or causal == "lower_right"):
-        raise ValueError("samattn: paged_attention takes causal=False or 'lower_right' (new tokens "
-                         "at the end of each entry's cache), got " + repr(causal))
+    if not (causal is False or causal in _CAUSAL_NAMES):
+        raise ValueError("samattn: paged_attention takes causal=False, 'lower_right' (new tokens "
+                         "at the end of each entry's cache) or 'upper_left', got " + repr(causal))
     lower_right = _causal_is_lower_right(causal)
     out, lse = ops.paged_attention_forward(q, k_cache, v_cache, block_table, cache_seqlens, scale,
-                                           lower_right, num_splits, return_lse, backend)
+                                           causal == "upper_left", lower_right, num_splits,
+                                           return_lse, backend)
     return (out, lse) if return_lse else out
 
 

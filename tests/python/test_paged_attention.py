@@ -52,7 +52,7 @@ def gathered(cache, table):
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize("causal", [False, "lower_right"])
+@pytest.mark.parametrize("causal", [False, "lower_right", "upper_left"])
 def test_cpu_equals_attention_on_the_gathered_cache(page_size, causal):
     q, k_cache, v_cache, table, lengths = paged_inputs(4, 4, 2, 3, page_size, 40 // page_size, 8)
     out, lse = samattn.paged_attention(q, k_cache, v_cache, table, lengths, causal=causal,
@@ -66,7 +66,7 @@ def test_cpu_equals_attention_on_the_gathered_cache(page_size, causal):
 
 def test_errors_name_the_argument():
     q, k_cache, v_cache, table, lengths = paged_inputs(2, 2, 2, 1, 4, 3, 8)
-    with pytest.raises(ValueError, match="takes causal=False or 'lower_right'"):
+    with pytest.raises(ValueError, match="takes causal=False, 'lower_right'"):
         samattn.paged_attention(q, k_cache, v_cache, table, lengths, causal=True)
     with pytest.raises(ValueError, match="block_table must be an int32"):
         samattn.paged_attention(q, k_cache, v_cache, table.long(), lengths)

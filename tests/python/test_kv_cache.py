@@ -1,0 +1,126 @@
+"""samattn.KVCache and samattn.PagedKVCache: ragged appends and attention against the cache.
+
+Each entry's keys and values are also kept here as plain tensors (concatenated per entry), and
+attending through a cache must equal samattn.attention on that entry's own keys: on the CPU (the
+fp64 reference) to rounding; the dense and the paged cache to the bit against each other (both
+read the same keys in the same order), including after an entry is freed and its pages reused.
+On a GPU the same, in bfloat16, both caches on the decoding kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samattn
+from helpers import requires_cuda
+from test_cache_seqlens import lengths_mask
+from test_masks import check_forward
+
+HEADS_Q, HEADS_KV, DIM = 4, 2, 8
+
+
+def new_tokens(batch, count, dtype, device, generator):
+    shape = (batch, HEADS_KV, count, DIM)
+    return (torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype=dtype,
+                                                                            device=device)
+            for _ in range(2))
+
+
+def per_entry(q, keys, values, causal):
+    """Attention of each entry's queries against its own keys, one call per entry."""
+    outs = [samattn.attention(q[b:b + 1].double().cpu(), keys[b].double().cpu().unsqueeze(0),
+                              values[b].double().cpu().unsqueeze(0), causal=causal)
+            for b in range(q.shape[0])]
+    return torch.cat(outs)
+
+
+def run_steps(caches, steps, dtype, device, seed=0):
+    """Appends the same ragged prompts and decoding steps to every cache; returns the outputs of
+    each cache per step and the expected ones from the kept keys."""
+    generator = torch.Generator().manual_seed(seed)
+    batch = 3
+    prompts = [5, 1, 3]
+    keys = [torch.zeros(HEADS_KV, 0, DIM, dtype=dtype, device=device) for _ in range(batch)]
+    values = [k.clone() for k in keys]
+    got = [[] for _ in caches]
+    want = []
+    for step, count in enumerate([max(prompts)] + [1] * steps):
+        k, v = new_tokens(batch, count, dtype, device, generator)
+        q = torch.randn((batch, HEADS_Q, 1, DIM), generator=generator,
+                        dtype=torch.float64).to(dtype=dtype, device=device)
+        counts = prompts if step == 0 else None
+        for b in range(batch):
+            n = counts[b] if counts else count
+            keys[b] = torch.cat([keys[b], k[b, :, :n]], dim=1)
+            values[b] = torch.cat([values[b], v[b, :, :n]], dim=1)
+        for i, cache in enumerate(caches):
+            cache.append(k, v, counts)
+            got[i].append(cache.attend(q, causal="lower_right"))
+        want.append(per_entry(q, keys, values, "lower_right"))
+    return got, want
+
+
+def test_cpu_dense_and_paged_caches_equal_per_entry_attention():
+    dense = samattn.KVCache(3, HEADS_KV, 12, DIM, dtype=torch.float64, device="cpu")
+    paged = samattn.PagedKVCache(3, 12, 2, HEADS_KV, DIM, dtype=torch.float64, device="cpu")
+    (got_dense, got_paged), want = run_steps([dense, paged], 4, torch.float64, "cpu")
+    for a, b, w in zip(got_dense, got_paged, want):
+        assert torch.equal(a, b)
+        assert torch.allclose(a, w, rtol=1e-12, atol=1e-12)
+    assert dense.lengths.tolist() == [9, 5, 7] == paged.lengths.tolist()
+
+
+def test_cpu_freed_pages_are_reused():
+    generator = torch.Generator().manual_seed(1)
+    paged = samattn.PagedKVCache(2, 4, 2, HEADS_KV, DIM, dtype=torch.float64, device="cpu")
+    k, v = new_tokens(2, 4, torch.float64, "cpu", generator)
+    paged.append(k, v)  # 2 pages each: the pool is full
+    with pytest.raises(RuntimeError, match="out of pages"):
+        paged.append(*new_tokens(2, 1, torch.float64, "cpu", generator))
+    paged.free(0)
+    assert paged.lengths.tolist() == [0, 4]
+    k2, v2 = new_tokens(2, 3, torch.float64, "cpu", generator)
+    paged.append(k2, v2, counts=[3, 0])
+    q = torch.randn(2, HEADS_Q, 1, DIM, generator=generator, dtype=torch.float64)
+    out = paged.attend(q)
+    want = per_entry(q, [k2[0], k[1]], [v2[0], v[1]], "lower_right")
+    assert torch.allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_cpu_errors_name_the_limit():
+    cache = samattn.KVCache(2, HEADS_KV, 4, DIM, dtype=torch.float64, device="cpu")
+    generator = torch.Generator().manual_seed(2)
+    with pytest.raises(ValueError, match="holds 4 tokens per entry"):
+        cache.append(*new_tokens(2, 5, torch.float64, "cpu", generator))
+    with pytest.raises(ValueError, match="counts must give 0..3 new tokens"):
+        cache.append(*new_tokens(2, 3, torch.float64, "cpu", generator), counts=[4, 1])
+    paged = samattn.PagedKVCache(1, 8, 2, HEADS_KV, DIM, max_pages_per_entry=2,
+                                 dtype=torch.float64, device="cpu")
+    with pytest.raises(ValueError, match="past max_pages_per_entry = 2"):
+        paged.append(*new_tokens(1, 5, torch.float64, "cpu", generator))
+
+
+@requires_cuda
+def test_gpu_dense_and_paged_caches_agree_and_match_reference():
+    # 128-wide heads, the decoding kernel's; the pool and the dense cache hold the same 64 keys
+    # per entry, so both plan the same chunks and read the same keys in the same order.
+    dim, batch = 128, 3
+    generator = torch.Generator().manual_seed(3)
+    dense = samattn.KVCache(batch, HEADS_KV, 64, dim, dtype=torch.bfloat16, device="cuda")
+    paged = samattn.PagedKVCache(batch, 12, 16, HEADS_KV, dim, max_pages_per_entry=4,
+                                 dtype=torch.bfloat16, device="cuda")
+
+    def randn(*shape):
+        return torch.randn(shape, generator=generator).to(dtype=torch.bfloat16, device="cuda")
+
+    for step, counts in enumerate([[40, 3, 17], None, None, None]):
+        new = 40 if step == 0 else 1
+        k, v = randn(batch, HEADS_KV, new, dim), randn(batch, HEADS_KV, new, dim)
+        for cache in (dense, paged):
+            cache.append(k, v, counts)
+        q = randn(batch, HEADS_Q, 1, dim)
+        out, lse = dense.attend(q, num_splits=0, return_lse=True)
+        assert torch.equal(paged.attend(q, num_splits=0), out)
+        visible = lengths_mask(dense.lengths, 1, 64, lower_right=True)
+        check_forward(out, lse, q, dense.k, dense.v, {}, attn_mask=visible.cuda())
