@@ -189,3 +189,18 @@ def test_gpu_gradients_match_reference(name, dtype):
                     attn_mask=visible.cuda())
     for b, length in enumerate(lengths.tolist()):
         assert not k.grad[b, :, length:].any() and not v.grad[b, :, length:].any()
+
+
+def test_cpu_left_padded_queries_of_different_counts_align_to_each_entry():
+    # The README's recipe: entry b brings counts[b] new tokens, q left-padded to the longest;
+    # under causal="lower_right" its last counts[b] rows equal a call on those queries alone.
+    counts, lengths = [1, 4, 0], [9, 12, 5]
+    q, k, v = make_qkv(3, 4, 2, max(counts), 12, 8, dtype=torch.float64, seed=17)
+    out = samattn.attention(q, k, v, causal="lower_right",
+                            cache_seqlens=torch.tensor(lengths, dtype=torch.int32))
+    for b, (count, length) in enumerate(zip(counts, lengths)):
+        if count == 0:
+            continue
+        alone = samattn.attention(q[b:b + 1, :, -count:], k[b:b + 1, :, :length],
+                                  v[b:b + 1, :, :length], causal="lower_right")
+        assert torch.allclose(out[b:b + 1, :, -count:], alone, rtol=1e-12, atol=1e-12)
