@@ -102,10 +102,10 @@ def make_caches(model, batch, tokens, paged):
 
 def generate_ragged(model, prompts, steps, paged=False):
     """Greedy generation for prompts of different lengths in one batch: right-padded prompts
-    prefilled at once into empty caches (top-left causal: query i sees keys j <= i; each entry
-    keeps only its prompt's keys), then one token per entry per step (bottom-right causal,
-    num_splits=0). Returns the largest difference between an entry's logits and its sequence
-    recomputed alone."""
+    prefilled at once (each entry keeps only its prompt's keys; its real queries, the first
+    rows, see their prompt up to themselves), then one token per entry per step (num_splits=0),
+    all bottom-right causal. Returns the largest difference between an entry's logits and its
+    sequence recomputed alone."""
     device = prompts[0].device
     batch, longest = len(prompts), max(len(p) for p in prompts)
     caches = make_caches(model, batch, longest + steps, paged)
@@ -113,7 +113,7 @@ def generate_ragged(model, prompts, steps, paged=False):
     for b, p in enumerate(prompts):
         padded[b, :len(p)] = p
     counts = [len(p) for p in prompts]
-    logits = forward_cached(model, padded, caches, counts, "upper_left", 1)
+    logits = forward_cached(model, padded, caches, counts, "lower_right", 1)
     last = logits[torch.arange(batch, device=device), torch.tensor(counts, device=device) - 1]
     sequences = [p.clone() for p in prompts]
 
