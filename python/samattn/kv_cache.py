@@ -13,7 +13,8 @@ same way, bottom-right causal by default: entry b's real query t sees its cache 
 tokens up to itself. The padding's keys lie past each entry's length, where the next append
 writes over them; the padded queries' outputs are to be ignored. Lengths are kept on the host as
 well, so an append past the capacity raises, before anything changes, without reading the GPU
-back; they reach the device through pinned memory without a synchronisation.
+back; they reach the device through pinned memory without a synchronisation. Inference only:
+append raises when autograd would record it (the buffers are written in place).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def _check_new(k: Tensor, v: Tensor, like_k: Tensor, like_v: Tensor, batch: int,
                counts: Optional[Sequence[int]]) -> List[int]:
     """Checks new keys and values against the cache (the heads and head dims of its last two
     dimensions, dtype, device) and returns each entry's count of real tokens."""
+    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        raise RuntimeError("samattn: KV caches are for inference (their buffers are written in "
+                           "place); append under torch.no_grad() or torch.inference_mode()")
     heads, dim, dim_v = like_k.shape[-2], like_k.shape[-1], like_v.shape[-1]
     for name, t, d in (("k", k, dim), ("v", v, dim_v)):
         if (t.dim() != 4 or tuple(t.shape[:2]) != (batch, heads) or t.shape[3] != d

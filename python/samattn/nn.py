@@ -64,7 +64,11 @@ class MultiheadAttention(nn.Module):
     kdim, vdim: feature sizes of key and value inputs for cross-attention (default embed_dim).
 
     forward(query, key=None, value=None, *, causal=None, attn_mask=None,
-    key_padding_mask=None): self-attention when key and value are omitted. The masks follow
+    key_padding_mask=None, kv_cache=None, counts=None, num_splits=1): self-attention when key
+    and value are omitted. kv_cache (a samattn.KVCache or PagedKVCache, self-attention only):
+    generation, the new tokens' keys and values appended to it (counts: entry b's real tokens,
+    the first counts[b] of a right-padded batch) and their queries attending to it, bottom-right
+    causal by default. The masks follow
     torch.nn.MultiheadAttention's convention (not SDPA's): a boolean attn_mask, (L, S) or
     (batch * num_heads, L, S), is True where a query may NOT attend, a float one is added to
     the scores; key_padding_mask (batch, S) is True (or -inf) at the keys to ignore. With
@@ -108,10 +112,14 @@ class MultiheadAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, *, causal: bool | str | None = None,
                 attn_mask: torch.Tensor | None = None,
-                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                key_padding_mask: torch.Tensor | None = None, kv_cache=None,
+                counts=None, num_splits: int = 1) -> torch.Tensor:
         if query.dim() != 3:
             raise ValueError(f"MultiheadAttention: query must be (batch, seq_len, embed_dim), "
                              f"got shape {tuple(query.shape)}")
+        if kv_cache is not None:
+            return self._forward_cached(query, key, value, causal, attn_mask, key_padding_mask,
+                                        kv_cache, counts, num_splits)
         key = query if key is None else key
         value = key if value is None else value
         batch, seq_len, _ = query.shape
@@ -121,6 +129,24 @@ class MultiheadAttention(nn.Module):
         mask = self._sdpa_mask(attn_mask, key_padding_mask, batch, seq_len, key.shape[1])
         out = attention(q, k, v, causal=self.causal if causal is None else causal,
                         kv_stride=self.kv_stride, attn_mask=mask)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, seq_len, self.embed_dim))
+
+    def _forward_cached(self, query, key, value, causal, attn_mask, key_padding_mask, kv_cache,
+                        counts, num_splits):
+        # Generation: the new tokens' keys and values appended to a samattn.KVCache or
+        # PagedKVCache, their queries attending bottom-right causal (see samattn.kv_cache).
+        if key is not None or value is not None or attn_mask is not None or \
+                key_padding_mask is not None or self.kv_stride != 1:
+            raise ValueError("MultiheadAttention: kv_cache takes self-attention without key, "
+                             "value, attn_mask, key_padding_mask or kv_stride (the cache's "
+                             "lengths and counts say which keys each entry has)")
+        batch, seq_len, _ = query.shape
+        q = self._split_heads(self.q_proj(query), self.num_heads)
+        k = self._split_heads(self.k_proj(query), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(query), self.num_kv_heads)
+        kv_cache.append(k, v, counts)
+        out = kv_cache.attend(q, causal="lower_right" if causal is None else causal,
+                              num_splits=num_splits)
         return self.out_proj(out.transpose(1, 2).reshape(batch, seq_len, self.embed_dim))
 
     def _sdpa_mask(self, attn_mask, key_padding_mask, batch, seq_q, seq_k):

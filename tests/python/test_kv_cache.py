@@ -187,3 +187,25 @@ def test_cpu_a_failed_append_changes_nothing():
         paged.append(*new_tokens(2, 1, torch.float32, "cpu", generator))
     assert torch.equal(paged.block_table, table) and torch.equal(paged.lengths, lengths)
     assert len(paged._free) == 1
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_cpu_multihead_attention_generates_with_a_cache(paged):
+    # A prompt, then tokens one at a time through the module's cache, equals the module run
+    # causally on the whole sequence, row for row.
+    torch.manual_seed(6)
+    module = samattn.nn.MultiheadAttention(32, 4, num_kv_heads=2, dtype=torch.float64)
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    if paged:
+        cache = samattn.PagedKVCache(2, 8, 2, 2, 8, dtype=torch.float64, device="cpu")
+    else:
+        cache = samattn.KVCache(2, 2, 7, 8, dtype=torch.float64, device="cpu")
+    with pytest.raises(RuntimeError, match="KV caches are for inference"):
+        module(x[:, :4], kv_cache=cache)
+    with torch.no_grad():
+        outs = [module(x[:, :4], kv_cache=cache)]
+        outs += [module(x[:, t:t + 1], kv_cache=cache) for t in range(4, 7)]
+        want = module(x, causal=True)
+        assert torch.allclose(torch.cat(outs, dim=1), want, rtol=1e-12, atol=1e-12)
+        with pytest.raises(ValueError, match="kv_cache takes self-attention"):
+            module(x[:, :1], x[:, :1], kv_cache=cache)
