@@ -37,6 +37,7 @@ SHAPES = [(1, 32, 8, 1, 4096, False), (1, 32, 8, 1, 16384, False), (1, 32, 8, 1,
           (4, 32, 8, 1, 16384, False), (16, 32, 8, 1, 8192, False), (1, 32, 32, 1, 16384, False),
           (64, 32, 8, 1, 2048, False), (1, 32, 8, 5, 16384, False), (4, 32, 8, 5, 16384, False),
           (4, 32, 8, 1, 16384, True)]
+PAGE_SIZES = (16, 256)  # the padded row's paged methods
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -53,6 +54,17 @@ def input_sets(batch, heads_q, heads_kv, queries, keys, count, generator):
                             generator=generator).transpose(1, 2) for _ in range(2))
         sets.append((q, k, v))
     return sets
+
+
+def paged_call(q, k, v, lengths, page_size):
+    """samattn.paged_attention on k and v's (B, S, H, D) storage as pools of pages."""
+    batch, _, keys, _ = k.shape
+    pages = keys // page_size
+    pools = [t.transpose(1, 2).reshape(batch * pages, page_size, t.shape[1], t.shape[3])
+             for t in (k, v)]
+    table = torch.arange(batch * pages, device=k.device, dtype=torch.int32).view(batch, pages)
+    return lambda: samattn.paged_attention(q, *pools, table, lengths, causal="lower_right",
+                                           num_splits=0)
 
 
 def methods_for(sets, splits: int, gqa: bool, bias, lengths=None) -> dict:
@@ -80,6 +92,11 @@ def methods_for(sets, splits: int, gqa: bool, bias, lengths=None) -> dict:
             (lambda q, k, v: lambda: samattn.attention(q, k, v, causal="lower_right",
                                                        cache_seqlens=lengths, num_splits=0))(*s)
             for s in sets]
+        # The same caches read as pools of pages (their (B, S, H, D) storage cut into pages, the
+        # table in order): what the paged addressing costs over the dense one.
+        for page_size in PAGE_SIZES:
+            methods[f"samattn_paged{page_size}_auto"] = [paged_call(*s, lengths, page_size)
+                                                         for s in sets]
     for name, backend in SDPA_BACKENDS.items():
         methods[name] = [sdpa_call(*s, backend) for s in sets]
     return methods
@@ -153,7 +170,10 @@ def main(argv=None) -> int:
         if isinstance(unsplit, float):
             bound = unsplit + reference.abs().max().item() * 2.0 ** -8
             checked = ["samattn_split_auto", f"samattn_split_{args.splits}"]
-            for name in checked + (["samattn_cache_seqlens_auto"] if padded else []):
+            if padded:
+                checked += ["samattn_cache_seqlens_auto"] + [f"samattn_paged{p}_auto"
+                                                             for p in PAGE_SIZES]
+            for name in checked:
                 if not isinstance(errors[name], float) or errors[name] > bound:
                     failed = True
         timings = measure_interleaved(runnable, rounds=2, budget_ms=args.budget_ms)
