@@ -49,10 +49,10 @@ Status decode_kernel_takes(const AttentionParams& p) {
   if (p.kv_stride != 1) return declined(concat("kv_stride ", p.kv_stride, " (1)"));
   const MaskOptions& m = p.mask;
   if (p.causal || m.has_block_map() || m.is_varlen() || m.pattern != SparsePattern::kNone ||
-      m.window_left >= 0) {
+      m.window_left >= 0 || m.window_follows_causal) {
     return declined(
-        "top-left causal or mask options other than bottom-right causal, a window's right edge, "
-        "cache_seqlens and attn_mask");
+        "top-left causal or mask options other than bottom-right causal, a window's right edge "
+        "(centred on j = i), cache_seqlens and attn_mask");
   }
   if (m.has_element_mask() && (m.head_stride != 0 || (m.row_stride != 0 && p.seqlen_q > 1))) {
     return declined("an attn_mask that varies over heads or query rows (a key mask only)");

@@ -34,7 +34,15 @@ struct MaskPolicy {
   // sequence's seqlen_k - seqlen_q, which for_sequence() sets where lower_right is.
   int64_t causal_shift = 0;
   bool lower_right = false;
+  // The window around the bottom-right diagonal (MaskOptions::window_follows_causal): query i's
+  // window is centred on i + causal_shift instead of i.
+  bool window_shifted = false;
 };
+
+// Where query i's window is centred: i, or i + causal_shift when it follows bottom-right causal.
+SAMATTN_HOST_DEVICE int64_t window_shift(const MaskPolicy& p) {
+  return p.window_shifted ? p.causal_shift : 0;
+}
 
 enum class BlockClass : int { kSkip, kPartial, kFull };
 
@@ -46,7 +54,8 @@ SAMATTN_HOST_DEVICE MaskPolicy make_mask_policy(bool causal, const MaskOptions& 
                     m.pattern_block,
                     m.pattern_summary,
                     0,
-                    m.causal_lower_right};
+                    m.causal_lower_right,
+                    m.window_follows_causal};
 }
 
 // The policy of a sequence of seqlen_q queries and seqlen_k (physical) keys: bottom-right
@@ -72,8 +81,9 @@ SAMATTN_HOST_DEVICE int64_t floor_div(int64_t a, int64_t b) {
 SAMATTN_HOST_DEVICE bool structurally_visible(const MaskPolicy& p, int64_t i, int64_t j) {
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
   if (causal && j > i + p.causal_shift) return false;
-  if (p.window_left >= 0 && j < i - p.window_left) return false;
-  if (p.window_right >= 0 && j > i + p.window_right) return false;
+  const int64_t c = i + window_shift(p);  // the window's centre
+  if (p.window_left >= 0 && j < c - p.window_left) return false;
+  if (p.window_right >= 0 && j > c + p.window_right) return false;
   switch (p.pattern) {
     case SparsePattern::kNone:
       return true;
@@ -96,8 +106,13 @@ SAMATTN_HOST_DEVICE KeyRange visible_key_range(const MaskPolicy& p, int64_t q_be
   int64_t begin = 0, end = seqlen_k;
   const bool causal = p.causal || p.pattern != SparsePattern::kNone;
   if (causal && q_end + p.causal_shift < end) end = q_end + p.causal_shift;
-  if (p.window_right >= 0 && q_end + p.window_right < end) end = q_end + p.window_right;
-  if (p.window_left >= 0 && q_begin - p.window_left > begin) begin = q_begin - p.window_left;
+  const int64_t shift = window_shift(p);
+  if (p.window_right >= 0 && q_end + shift + p.window_right < end) {
+    end = q_end + shift + p.window_right;
+  }
+  if (p.window_left >= 0 && q_begin + shift - p.window_left > begin) {
+    begin = q_begin + shift - p.window_left;
+  }
   if (begin > seqlen_k) begin = seqlen_k;
   if (end < begin) end = begin;
   return {begin, end};
@@ -121,12 +136,13 @@ SAMATTN_HOST_DEVICE Span visible_key_span(const MaskPolicy& p, int64_t i, int64_
   if (causal && floor_div(i + p.causal_shift, kv_stride) + 1 < end) {
     end = floor_div(i + p.causal_shift, kv_stride) + 1;
   }
-  if (p.window_right >= 0 && floor_div(i + p.window_right, kv_stride) + 1 < end) {
-    end = floor_div(i + p.window_right, kv_stride) + 1;
+  const int64_t c = i + window_shift(p);  // the window's centre
+  if (p.window_right >= 0 && floor_div(c + p.window_right, kv_stride) + 1 < end) {
+    end = floor_div(c + p.window_right, kv_stride) + 1;
   }
-  // n * s >= i - left: n >= ceil((i - left) / s).
-  if (p.window_left >= 0 && -floor_div(p.window_left - i, kv_stride) > begin) {
-    begin = -floor_div(p.window_left - i, kv_stride);
+  // n * s >= c - left: n >= ceil((c - left) / s).
+  if (p.window_left >= 0 && -floor_div(p.window_left - c, kv_stride) > begin) {
+    begin = -floor_div(p.window_left - c, kv_stride);
   }
   // A row whose window starts past the last key sees none: its empty span sits at kept_keys, so
   // no caller's key range (first row's begin to last row's end) reaches past the keys.
@@ -144,8 +160,9 @@ SAMATTN_HOST_DEVICE Span visible_query_span(const MaskPolicy& p, int64_t n, int6
   const int64_t j = n * kv_stride;
   int64_t begin = 0, end = seqlen_q;
   if (causal && j - p.causal_shift > begin) begin = j - p.causal_shift;  // j <= i + shift
-  if (p.window_right >= 0 && j - p.window_right > begin) begin = j - p.window_right;   // j <= i + r
-  if (p.window_left >= 0 && j + p.window_left + 1 < end) end = j + p.window_left + 1;  // j >= i - l
+  const int64_t w = j - window_shift(p);  // j relative to the windows' centres
+  if (p.window_right >= 0 && w - p.window_right > begin) begin = w - p.window_right;   // j <= c + r
+  if (p.window_left >= 0 && w + p.window_left + 1 < end) end = w + p.window_left + 1;  // j >= c - l
   if (begin > seqlen_q) begin = seqlen_q;  // a key first seen past the last query: empty at the end
   if (end < begin) end = begin;
   return {begin, end};
@@ -166,12 +183,14 @@ SAMATTN_HOST_DEVICE BlockClass classify_block(const MaskPolicy& p, int64_t q0, i
     lo = -p.causal_shift;
     band_full = false;
   }
-  if (p.window_right >= 0 && lo < -p.window_right) {
-    lo = -p.window_right;
+  // The window bounds d = i - j to [-(shift + right), left - shift].
+  const int64_t shift = window_shift(p);
+  if (p.window_right >= 0 && lo < -(shift + p.window_right)) {
+    lo = -(shift + p.window_right);
     band_full = false;
   }
-  if (p.window_left >= 0 && hi > p.window_left) {
-    hi = p.window_left;
+  if (p.window_left >= 0 && hi > p.window_left - shift) {
+    hi = p.window_left - shift;
     band_full = false;
   }
   if (lo > hi) return BlockClass::kSkip;

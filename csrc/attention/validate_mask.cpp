@@ -102,6 +102,9 @@ void validate_mask_options(const AttentionParams& p) {
       SAMATTN_CHECK(false, "sparse pattern ", static_cast<int>(m.pattern),
                     " is not one of none, strided, fixed");
   }
+  SAMATTN_CHECK(!m.window_follows_causal || m.causal_lower_right,
+                "mask.window_follows_causal places the window around the bottom-right diagonal: "
+                "it needs mask.causal_lower_right");
   if (m.causal_lower_right) {
     SAMATTN_CHECK(!p.causal,
                   "causal (top-left) and mask.causal_lower_right (bottom-right) are both set; "

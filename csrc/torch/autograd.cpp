@@ -26,12 +26,12 @@ using OptionalTensor = std::optional<at::Tensor>;
 using AttentionForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, std::optional<double>, bool, int64_t,
     bool, c10::string_view, const OptionalTensor&, int64_t, int64_t, c10::string_view, int64_t,
-    int64_t, const OptionalTensor&, int64_t, int64_t, int64_t, const OptionalTensor&, bool);
+    int64_t, const OptionalTensor&, int64_t, int64_t, int64_t, const OptionalTensor&, bool, bool);
 using AttentionBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, std::optional<double>, bool, int64_t, bool, c10::string_view,
     const OptionalTensor&, int64_t, int64_t, c10::string_view, int64_t, int64_t,
-    const OptionalTensor&, int64_t, int64_t, const OptionalTensor&, bool);
+    const OptionalTensor&, int64_t, int64_t, const OptionalTensor&, bool, bool);
 using AttentionForwardIntoSignature = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                            const at::Tensor&, std::optional<double>, bool, int64_t,
                                            c10::string_view);
@@ -40,11 +40,12 @@ using PagedForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     std::optional<double>, bool, bool, int64_t, bool, c10::string_view);
 using VarlenForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, bool);
+    int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, bool,
+    bool);
 using VarlenBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
-    std::optional<double>, bool, int64_t, int64_t, bool);
+    std::optional<double>, bool, int64_t, int64_t, bool, bool);
 
 const OperatorHandle<AttentionForwardSignature> attention_forward_op("samattn::attention_forward");
 const OperatorHandle<AttentionBackwardSignature> attention_backward_op(
@@ -86,7 +87,7 @@ struct AttentionOptions {
   int64_t window_left, window_right;
   std::string sparse_pattern;
   int64_t sparse_block, sparse_summary, block_q, block_k, num_splits;
-  bool causal_lower_right;
+  bool causal_lower_right, window_follows_causal;
 
   void save(AutogradContext* ctx) const {
     save_options(ctx, {{"scale", scale},
@@ -101,7 +102,8 @@ struct AttentionOptions {
                        {"block_q", block_q},
                        {"block_k", block_k},
                        {"num_splits", num_splits},
-                       {"causal_lower_right", causal_lower_right}});
+                       {"causal_lower_right", causal_lower_right},
+                       {"window_follows_causal", window_follows_causal}});
   }
   static AttentionOptions load(AutogradContext* ctx) {
     auto& data = ctx->saved_data;
@@ -117,12 +119,13 @@ struct AttentionOptions {
             data["block_q"].toInt(),
             data["block_k"].toInt(),
             data["num_splits"].toInt(),
-            data["causal_lower_right"].toBool()};
+            data["causal_lower_right"].toBool(),
+            data["window_follows_causal"].toBool()};
   }
 };
 
-// attention_forward's 20 arguments, in the schema's order (ops.cpp).
-constexpr size_t kAttentionForwardArguments = 20;
+// attention_forward's 21 arguments, in the schema's order (ops.cpp).
+constexpr size_t kAttentionForwardArguments = 21;
 
 class AttentionForward : public torch::autograd::Function<AttentionForward> {
  public:
@@ -134,12 +137,12 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
                                int64_t sparse_block, int64_t sparse_summary,
                                const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
                                int64_t num_splits, const OptionalTensor& cache_seqlens,
-                               bool causal_lower_right) {
+                               bool causal_lower_right, bool window_follows_causal) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse] = attention_forward_op().call(
         query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
         window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
-        num_splits, cache_seqlens, causal_lower_right);
+        num_splits, cache_seqlens, causal_lower_right, window_follows_causal);
     ctx->save_for_backward({query, key, value, out, lse, or_undefined(attn_mask),
                             or_undefined(block_map), or_undefined(cache_seqlens)});
     ctx->mark_non_differentiable({lse});
@@ -155,7 +158,8 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
                      block_q,
                      block_k,
                      num_splits,
-                     causal_lower_right}
+                     causal_lower_right,
+                     window_follows_causal}
         .save(ctx);
     return {out, lse};
   }
@@ -171,7 +175,8 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
       lse = std::get<1>(attention_forward_op().call(
           query, key, value, o.scale, o.causal, o.kv_stride, true, o.backend, attn_mask,
           o.window_left, o.window_right, o.sparse_pattern, o.sparse_block, o.sparse_summary,
-          block_map, o.block_q, o.block_k, o.num_splits, cache_seqlens, o.causal_lower_right));
+          block_map, o.block_q, o.block_k, o.num_splits, cache_seqlens, o.causal_lower_right,
+          o.window_follows_causal));
     }
     // torch.use_deterministic_algorithms(True) selects the atomic-free dQ kernels (bit-identical
     // dq across runs); the forward's backend picks the backward's.
@@ -179,7 +184,7 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
         rows_contiguous(grads[0]), query, key, value, out, lse, o.scale, o.causal, o.kv_stride,
         at::globalContext().deterministicAlgorithms(), o.backend, attn_mask, o.window_left,
         o.window_right, o.sparse_pattern, o.sparse_block, o.sparse_summary, block_map, o.block_q,
-        o.block_k, cache_seqlens, o.causal_lower_right);
+        o.block_k, cache_seqlens, o.causal_lower_right, o.window_follows_causal);
     variable_list input_grads(kAttentionForwardArguments);  // undefined: no gradient
     input_grads[0] = dq;
     input_grads[1] = dk;
@@ -188,8 +193,8 @@ class AttentionForward : public torch::autograd::Function<AttentionForward> {
   }
 };
 
-// varlen_attention_forward's 14 arguments, in the schema's order (ops.cpp).
-constexpr size_t kVarlenForwardArguments = 14;
+// varlen_attention_forward's 15 arguments, in the schema's order (ops.cpp).
+constexpr size_t kVarlenForwardArguments = 15;
 
 class VarlenForward : public torch::autograd::Function<VarlenForward> {
  public:
@@ -198,11 +203,12 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
                                const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                int64_t max_seqlen_k, std::optional<double> scale, bool causal,
                                int64_t window_left, int64_t window_right, bool return_lse,
-                               c10::string_view backend, bool causal_lower_right) {
+                               c10::string_view backend, bool causal_lower_right,
+                               bool window_follows_causal) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse] = varlen_forward_op().call(
         query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-        window_left, window_right, return_lse, backend, causal_lower_right);
+        window_left, window_right, return_lse, backend, causal_lower_right, window_follows_causal);
     ctx->save_for_backward({query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k});
     ctx->mark_non_differentiable({lse});
     save_options(ctx, {{"max_seqlen_q", max_seqlen_q},
@@ -212,7 +218,8 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
                        {"window_left", window_left},
                        {"window_right", window_right},
                        {"backend", std::string(backend)},
-                       {"causal_lower_right", causal_lower_right}});
+                       {"causal_lower_right", causal_lower_right},
+                       {"window_follows_causal", window_follows_causal}});
     return {out, lse};
   }
 
@@ -229,14 +236,17 @@ class VarlenForward : public torch::autograd::Function<VarlenForward> {
     const int64_t window_left = data["window_left"].toInt();
     const int64_t window_right = data["window_right"].toInt();
     const bool causal_lower_right = data["causal_lower_right"].toBool();
+    const bool window_follows_causal = data["window_follows_causal"].toBool();
     if (lse.dim() != 2) {  // the forward ran with return_lse=False: recompute it
       lse = std::get<1>(varlen_forward_op().call(
           query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-          window_left, window_right, true, data["backend"].toStringRef(), causal_lower_right));
+          window_left, window_right, true, data["backend"].toStringRef(), causal_lower_right,
+          window_follows_causal));
     }
     auto [dq, dk, dv] = varlen_backward_op().call(
         rows_contiguous(grads[0]), query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k,
-        max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, causal_lower_right);
+        max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, causal_lower_right,
+        window_follows_causal);
     variable_list input_grads(kVarlenForwardArguments);
     input_grads[0] = dq;
     input_grads[1] = dk;
@@ -272,19 +282,20 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_autograd(
     c10::string_view backend, const OptionalTensor& attn_mask, int64_t window_left,
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
     int64_t sparse_summary, const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
-    int64_t num_splits, const OptionalTensor& cache_seqlens, bool causal_lower_right) {
+    int64_t num_splits, const OptionalTensor& cache_seqlens, bool causal_lower_right,
+    bool window_follows_causal) {
   // attn_mask counts: it gets no gradient, but the output still joins the graph, as in torch.
   if (!records_graph({&query, &key, &value, &or_undefined(attn_mask)})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return attention_forward_op().call(
         query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
         window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
-        num_splits, cache_seqlens, causal_lower_right);
+        num_splits, cache_seqlens, causal_lower_right, window_follows_causal);
   }
   const variable_list outputs = AttentionForward::apply(
       query, key, value, scale, causal, kv_stride, return_lse, backend, attn_mask, window_left,
       window_right, sparse_pattern, sparse_block, sparse_summary, block_map, block_q, block_k,
-      num_splits, cache_seqlens, causal_lower_right);
+      num_splits, cache_seqlens, causal_lower_right, window_follows_causal);
   return {outputs[0], outputs[1]};
 }
 
@@ -292,16 +303,17 @@ std::tuple<at::Tensor, at::Tensor> varlen_forward_autograd(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right, bool return_lse, c10::string_view backend, bool causal_lower_right) {
+    int64_t window_right, bool return_lse, c10::string_view backend, bool causal_lower_right,
+    bool window_follows_causal) {
   if (!records_graph({&query, &key, &value})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return varlen_forward_op().call(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, scale, causal, window_left, window_right,
-                                    return_lse, backend, causal_lower_right);
+                                    return_lse, backend, causal_lower_right, window_follows_causal);
   }
   const variable_list outputs = VarlenForward::apply(
       query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-      window_left, window_right, return_lse, backend, causal_lower_right);
+      window_left, window_right, return_lse, backend, causal_lower_right, window_follows_causal);
   return {outputs[0], outputs[1]};
 }
 
@@ -312,18 +324,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_autograd(
     const OptionalTensor& attn_mask, int64_t window_left, int64_t window_right,
     c10::string_view sparse_pattern, int64_t sparse_block, int64_t sparse_summary,
     const OptionalTensor& block_map, int64_t block_q, int64_t block_k,
-    const OptionalTensor& cache_seqlens, bool causal_lower_right) {
+    const OptionalTensor& cache_seqlens, bool causal_lower_right, bool window_follows_causal) {
   const auto& op = attention_backward_op();
   if (!records_graph({&dout, &query, &key, &value, &out, &or_undefined(attn_mask)})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(dout, query, key, value, out, lse, scale, causal, kv_stride, deterministic,
                    backend, attn_mask, window_left, window_right, sparse_pattern, sparse_block,
-                   sparse_summary, block_map, block_q, block_k, cache_seqlens, causal_lower_right);
+                   sparse_summary, block_map, block_q, block_k, cache_seqlens, causal_lower_right,
+                   window_follows_causal);
   }
   const variable_list grads = NoDoubleBackward<AttentionBackwardSignature>::apply(
       op, dout, query, key, value, out, lse, scale, causal, kv_stride, deterministic, backend,
       attn_mask, window_left, window_right, sparse_pattern, sparse_block, sparse_summary, block_map,
-      block_q, block_k, cache_seqlens, causal_lower_right);
+      block_q, block_k, cache_seqlens, causal_lower_right, window_follows_causal);
   return {grads[0], grads[1], grads[2]};
 }
 
@@ -332,16 +345,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_autograd(
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
-    bool causal_lower_right) {
+    bool causal_lower_right, bool window_follows_causal) {
   const auto& op = varlen_backward_op();
   if (!records_graph({&dout, &query, &key, &value, &out})) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return op.call(dout, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, scale, causal, window_left, window_right, causal_lower_right);
+                   max_seqlen_k, scale, causal, window_left, window_right, causal_lower_right,
+                   window_follows_causal);
   }
   const variable_list grads = NoDoubleBackward<VarlenBackwardSignature>::apply(
       op, dout, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      scale, causal, window_left, window_right, causal_lower_right);
+      scale, causal, window_left, window_right, causal_lower_right, window_follows_causal);
   return {grads[0], grads[1], grads[2]};
 }
 

@@ -140,6 +140,7 @@ void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArgum
   m.pattern_block = args.sparse_block;
   m.pattern_summary = args.sparse_summary;
   m.causal_lower_right = args.causal_lower_right;
+  m.window_follows_causal = args.window_follows_causal;
   if (args.block_map != nullptr && args.block_map->has_value() && (*args.block_map)->defined()) {
     bind_block_map(params, query, **args.block_map, args.block_q, args.block_k);
   }

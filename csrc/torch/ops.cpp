@@ -55,14 +55,15 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_op(
     int64_t window_right, c10::string_view sparse_pattern, int64_t sparse_block,
     int64_t sparse_summary, const std::optional<at::Tensor>& block_map, int64_t block_q,
     int64_t block_k, int64_t num_splits, const std::optional<at::Tensor>& cache_seqlens,
-    bool causal_lower_right) {
+    bool causal_lower_right, bool window_follows_causal) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
-  bind_mask(params, query,
-            {attn_mask, window_left, window_right,
-             std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary, &block_map, block_q, block_k, &cache_seqlens, causal_lower_right});
+  bind_mask(
+      params, query,
+      {attn_mask, window_left, window_right,
+       std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block, sparse_summary,
+       &block_map, block_q, block_k, &cache_seqlens, causal_lower_right, window_follows_causal});
   params.num_splits = num_splits;
   at::Tensor out = at::empty({params.batch, params.heads_q, params.seqlen_q, params.head_dim_v},
                              query.options());
@@ -119,14 +120,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_op(
     const std::optional<at::Tensor>& attn_mask, int64_t window_left, int64_t window_right,
     c10::string_view sparse_pattern, int64_t sparse_block, int64_t sparse_summary,
     const std::optional<at::Tensor>& block_map, int64_t block_q, int64_t block_k,
-    const std::optional<at::Tensor>& cache_seqlens, bool causal_lower_right) {
+    const std::optional<at::Tensor>& cache_seqlens, bool causal_lower_right,
+    bool window_follows_causal) {
   AttentionParams forward = make_forward_params(
       query, key, value,
       {scale, causal, kv_stride, std::string_view(backend.data(), backend.size())});
-  bind_mask(forward, query,
-            {attn_mask, window_left, window_right,
-             std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary, &block_map, block_q, block_k, &cache_seqlens, causal_lower_right});
+  bind_mask(
+      forward, query,
+      {attn_mask, window_left, window_right,
+       std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block, sparse_summary,
+       &block_map, block_q, block_k, &cache_seqlens, causal_lower_right, window_follows_causal});
   check_output(out, query, forward, "out");
   check_output(dout, query, forward, "dout");
   check_lse(lse, query, forward);
@@ -224,7 +227,7 @@ std::tuple<at::Tensor, at::Tensor> paged_forward_op(
   };
   return attention_forward_op(query, dense(key_cache), dense(value_cache), scale, causal, 1,
                               return_lse, backend, std::nullopt, -1, -1, "none", 0, 0, std::nullopt,
-                              128, 128, num_splits, cache_seqlens, causal_lower_right);
+                              128, 128, num_splits, cache_seqlens, causal_lower_right, false);
 }
 
 // Varlen (packed) forward: query (total_q, Hq, D), key/value (total_k, Hkv, D|Dv), int32
@@ -234,13 +237,15 @@ std::tuple<at::Tensor, at::Tensor> varlen_forward_op(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> scale, bool causal, int64_t window_left,
-    int64_t window_right, bool return_lse, c10::string_view backend, bool causal_lower_right) {
+    int64_t window_right, bool return_lse, c10::string_view backend, bool causal_lower_right,
+    bool window_follows_causal) {
   AttentionParams params =
       make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          {scale, causal, 1, std::string_view(backend.data(), backend.size())});
   params.mask.window_left = window_left;
   params.mask.window_right = window_right;
   params.mask.causal_lower_right = causal_lower_right;
+  params.mask.window_follows_causal = window_follows_causal;
   at::Tensor out = at::empty({query.size(0), query.size(1), value.size(2)}, query.options());
   at::Tensor lse = at::empty(
       return_lse ? std::vector<int64_t>{query.size(1), query.size(0)} : std::vector<int64_t>{0},
@@ -258,13 +263,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_op(
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     std::optional<double> scale, bool causal, int64_t window_left, int64_t window_right,
-    bool causal_lower_right) {
+    bool causal_lower_right, bool window_follows_causal) {
   AttentionParams forward =
       make_varlen_params(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          {scale, causal, 1, "auto"});
   forward.mask.window_left = window_left;
   forward.mask.window_right = window_right;
   forward.mask.causal_lower_right = causal_lower_right;
+  forward.mask.window_follows_causal = window_follows_causal;
   const std::vector<int64_t> out_shape{query.size(0), query.size(1), value.size(2)};
   for (const auto& [t, arg] : {std::pair{&out, "out"}, std::pair{&dout, "dout"}}) {
     TORCH_CHECK_VALUE(t->scalar_type() == query.scalar_type() && t->device() == query.device() &&
@@ -309,20 +315,24 @@ Strides contiguous_strides(int64_t heads, int64_t seqlen, int64_t dim) {
 // The name of the kernel family that would run this call ("simt", "tensor_core" or "hopper";
 // with detail, describe_forward's text), for the output attention_forward allocates:
 // contiguous (batch, heads_q, seqlen_q, head_dim_v), as aligned as query.
-std::string selected_backend_op(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, bool causal,
-    int64_t kv_stride, c10::string_view backend, const std::optional<at::Tensor>& attn_mask,
-    int64_t window_left, int64_t window_right, c10::string_view sparse_pattern,
-    int64_t sparse_block, int64_t sparse_summary, const std::optional<at::Tensor>& block_map,
-    int64_t block_q, int64_t block_k, int64_t num_splits, bool detail,
-    const std::optional<at::Tensor>& cache_seqlens, bool causal_lower_right) {
+std::string selected_backend_op(const at::Tensor& query, const at::Tensor& key,
+                                const at::Tensor& value, bool causal, int64_t kv_stride,
+                                c10::string_view backend,
+                                const std::optional<at::Tensor>& attn_mask, int64_t window_left,
+                                int64_t window_right, c10::string_view sparse_pattern,
+                                int64_t sparse_block, int64_t sparse_summary,
+                                const std::optional<at::Tensor>& block_map, int64_t block_q,
+                                int64_t block_k, int64_t num_splits, bool detail,
+                                const std::optional<at::Tensor>& cache_seqlens,
+                                bool causal_lower_right, bool window_follows_causal) {
   AttentionParams params = make_forward_params(
       query, key, value,
       {std::nullopt, causal, kv_stride, std::string_view(backend.data(), backend.size())});
-  bind_mask(params, query,
-            {attn_mask, window_left, window_right,
-             std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block,
-             sparse_summary, &block_map, block_q, block_k, &cache_seqlens, causal_lower_right});
+  bind_mask(
+      params, query,
+      {attn_mask, window_left, window_right,
+       std::string_view(sparse_pattern.data(), sparse_pattern.size()), sparse_block, sparse_summary,
+       &block_map, block_q, block_k, &cache_seqlens, causal_lower_right, window_follows_causal});
   params.num_splits = num_splits;
   TORCH_CHECK_VALUE(query.is_cuda(),
                     "samattn: selected_backend needs CUDA tensors; CPU tensors "
@@ -379,7 +389,8 @@ TORCH_LIBRARY(samattn, m) {
       "Tensor? attn_mask=None, int window_left=-1, int window_right=-1, "
       "str sparse_pattern='none', int sparse_block=0, int sparse_summary=0, "
       "Tensor? block_map=None, int block_q=128, int block_k=128, int num_splits=1, "
-      "Tensor? cache_seqlens=None, bool causal_lower_right=False) -> (Tensor out, Tensor lse)");
+      "Tensor? cache_seqlens=None, bool causal_lower_right=False, "
+      "bool window_follows_causal=False) -> (Tensor out, Tensor lse)");
   // Not differentiable: it writes into `out`, and its autograd kernel (autograd.cpp) raises
   // when autograd would record it. attention_forward is the differentiable op.
   m.def(
@@ -391,8 +402,8 @@ TORCH_LIBRARY(samattn, m) {
       "bool deterministic=False, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
       "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
-      "Tensor? cache_seqlens=None, bool causal_lower_right=False) "
-      "-> (Tensor dq, Tensor dk, Tensor dv)");
+      "Tensor? cache_seqlens=None, bool causal_lower_right=False, "
+      "bool window_follows_causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
   // Not differentiable: its autograd kernel (autograd.cpp) raises when autograd would record it.
   m.def(
       "paged_attention_forward(Tensor query, Tensor key_cache, Tensor value_cache, "
@@ -403,19 +414,21 @@ TORCH_LIBRARY(samattn, m) {
       "varlen_attention_forward(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? scale=None, "
       "bool causal=False, int window_left=-1, int window_right=-1, bool return_lse=False, "
-      "str backend='auto', bool causal_lower_right=False) -> (Tensor out, Tensor lse)");
+      "str backend='auto', bool causal_lower_right=False, bool window_follows_causal=False) "
+      "-> (Tensor out, Tensor lse)");
   m.def(
       "varlen_attention_backward(Tensor dout, Tensor query, Tensor key, Tensor value, "
       "Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? scale=None, bool causal=False, int window_left=-1, "
-      "int window_right=-1, bool causal_lower_right=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "int window_right=-1, bool causal_lower_right=False, bool window_follows_causal=False) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "selected_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto', Tensor? attn_mask=None, int window_left=-1, "
       "int window_right=-1, str sparse_pattern='none', int sparse_block=0, "
       "int sparse_summary=0, Tensor? block_map=None, int block_q=128, int block_k=128, "
       "int num_splits=1, bool detail=False, Tensor? cache_seqlens=None, "
-      "bool causal_lower_right=False) -> str");
+      "bool causal_lower_right=False, bool window_follows_causal=False) -> str");
   m.def(
       "selected_backward_backend(Tensor query, Tensor key, Tensor value, bool causal=False, "
       "int kv_stride=1, str backend='auto') -> str");

@@ -56,6 +56,7 @@ struct MaskArguments {
   // Per-entry key lengths: an int32 (batch,) tensor on query's device (MaskOptions::cache_seqlens).
   const std::optional<at::Tensor>* cache_seqlens = nullptr;
   bool causal_lower_right = false;
+  bool window_follows_causal = false;
 };
 void bind_mask(AttentionParams& params, const at::Tensor& query, const MaskArguments& mask);
 

@@ -32,11 +32,14 @@ std::vector<MaskPolicy> policies() {
       }
     }
   }
-  // Bottom-right causal: the diagonal shifted by seqlen_k - seqlen_q, either way.
+  // Bottom-right causal: the diagonal shifted by seqlen_k - seqlen_q, either way; the window
+  // centred on j = i, or following the shifted diagonal (window_follows_causal).
   for (int64_t shift : {-7, -1, 3, 12}) {
     for (int64_t left : {-1, 0, 9}) {
       for (int64_t right : {-1, 2}) {
-        out.push_back({true, left, right, SparsePattern::kNone, 0, 0, shift, true});
+        for (bool follows : {false, true}) {
+          out.push_back({true, left, right, SparsePattern::kNone, 0, 0, shift, true, follows});
+        }
       }
     }
   }
@@ -64,6 +67,23 @@ TEST(MaskPolicy, LowerRightCausalFollowsEachSequencesLengths) {
     for (int64_t i = 0; i < seqlen_q; ++i) {
       for (int64_t j = 0; j < seqlen_k; ++j) {
         EXPECT_EQ(detail::structurally_visible(p, i, j), j <= i + seqlen_k - seqlen_q)
+            << "seqlen_q " << seqlen_q << " seqlen_k " << seqlen_k << " query " << i << " key "
+            << j;
+      }
+    }
+  }
+  // With window_follows_causal the window moves with the diagonal (FlashAttention's
+  // window_size): query i sees i + shift - left <= j <= i + shift + right, and j <= i + shift.
+  options.window_left = 2;
+  options.window_right = 1;
+  options.window_follows_causal = true;
+  for (auto [seqlen_q, seqlen_k] : {std::pair<int64_t, int64_t>{3, 11}, {11, 3}, {6, 6}}) {
+    const MaskPolicy p =
+        detail::for_sequence(detail::make_mask_policy(false, options), seqlen_q, seqlen_k);
+    const int64_t shift = seqlen_k - seqlen_q;
+    for (int64_t i = 0; i < seqlen_q; ++i) {
+      for (int64_t j = 0; j < seqlen_k; ++j) {
+        EXPECT_EQ(detail::structurally_visible(p, i, j), j >= i + shift - 2 && j <= i + shift)
             << "seqlen_q " << seqlen_q << " seqlen_k " << seqlen_k << " query " << i << " key "
             << j;
       }
@@ -134,6 +154,48 @@ TEST(MaskReference, LowerRightCausalEqualsItsBooleanMask) {
     for (int g = 0; g < 3; ++g)
       EXPECT_EQ(grads[g].bytes, grads[g + 3].bytes) << where << " grad " << g;
   }
+}
+
+// mask.window_follows_causal in the reference equals its definition as a boolean mask
+// (FlashAttention's window_size: i + shift - left <= j <= i + shift + right, j <= i + shift), the
+// shift each batch entry's own with cache_seqlens; the output exactly (the same keys, in order).
+TEST(MaskReference, WindowFollowingBottomRightCausalEqualsItsBooleanMask) {
+  const Shape shape{3, 2, 1, 5, 12, 4, 4};
+  const std::vector<int32_t> lengths = {12, 7, 3};
+  for (const bool per_entry : {false, true}) {
+    for (auto [left, right] : {std::pair<int64_t, int64_t>{3, -1}, {0, 0}, {2, 1}, {-1, 2}}) {
+      std::vector<uint8_t> definition(shape.batch * shape.seqlen_q * shape.seqlen_k);
+      for (int64_t b = 0; b < shape.batch; ++b) {
+        const int64_t keys = per_entry ? lengths[b] : shape.seqlen_k;
+        const int64_t shift = keys - shape.seqlen_q;
+        for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+          for (int64_t j = 0; j < shape.seqlen_k; ++j) {
+            definition[(b * shape.seqlen_q + i) * shape.seqlen_k + j] =
+                j < keys && j <= i + shift && (left < 0 || j >= i + shift - left) &&
+                (right < 0 || j <= i + shift + right);
+          }
+        }
+      }
+      Problem flag(shape, DType::kFloat64, false, 9), mask(shape, DType::kFloat64, false, 9);
+      flag.params.mask.causal_lower_right = true;
+      flag.params.mask.window_follows_causal = true;
+      flag.params.mask.window_left = left;
+      flag.params.mask.window_right = right;
+      if (per_entry) flag.params.mask.cache_seqlens = lengths.data();
+      mask.params.mask.data = definition.data();
+      mask.params.mask.batch_stride = shape.seqlen_q * shape.seqlen_k;
+      mask.params.mask.row_stride = shape.seqlen_k;
+      mask.params.mask.col_stride = 1;
+      const HostTensor got = flag.reference(/*with_lse=*/true);
+      const HostTensor want = mask.reference(/*with_lse=*/true);
+      EXPECT_EQ(got.bytes, want.bytes)
+          << "window (" << left << ", " << right << ")" << (per_entry ? " cache_seqlens" : "");
+    }
+  }
+  Problem lone({1, 1, 1, 2, 4, 4, 4}, DType::kFloat64);
+  lone.params.mask.window_follows_causal = true;
+  EXPECT_NE(can_implement(lone.params).message().find("needs mask.causal_lower_right"),
+            std::string::npos);
 }
 
 // kSkip must mean no pair is visible and kFull that all are; kPartial is always allowed, but

@@ -57,6 +57,7 @@ struct TcMaskCase {
   bool deterministic = false;    // the backward's atomic-free dQ kernel
   bool lower_right = false;      // mask.causal_lower_right (bottom-right causal)
   std::vector<int32_t> cache_lengths = {};  // mask.cache_seqlens, one per batch entry (or none)
+  bool window_follows = false;              // mask.window_follows_causal (with lower_right)
 };
 
 // gtest prints a failing parameter with this (not as raw bytes).
@@ -196,6 +197,18 @@ std::vector<TcMaskCase> cases() {
     map.map_k = 32;
     c.push_back(with_lengths(map, {130, 33, 64}));
   }
+  // The window following the bottom-right diagonal, alone and per batch entry (cache_seqlens).
+  for (TcMaskCase t : {lower_right("window_follows_sk_gt_sq", {2, 4, 2, 40, 150, 64, 64}, 1, 30,
+                                   ElementMask::kNone),
+                       lower_right("window_follows_sq_gt_sk_d128", {1, 2, 2, 150, 90, 128, 128}, 1,
+                                   25, ElementMask::kBool),
+                       with_lengths(lower_right("window_follows", {3, 2, 1, 20, 100, 64, 64}, 1, 15,
+                                                ElementMask::kNone),
+                                    {100, 40, 7})}) {
+    t.window_follows = true;
+    t.window_right = 3;
+    c.push_back(t);
+  }
   TcMaskCase no_workspace = c[5];
   no_workspace.name = "strided_l100_d128_elementwise";
   no_workspace.workspace = false;
@@ -275,6 +288,7 @@ void apply_options(const TcMaskCase& c, AttentionParams& p) {
   p.mask.pattern_block = c.block;
   p.mask.pattern_summary = c.summary;
   p.mask.causal_lower_right = c.lower_right;
+  p.mask.window_follows_causal = c.window_follows;
 }
 
 void bind_host_masks(AttentionParams& p, const HostMasks& m) {
@@ -587,6 +601,14 @@ std::vector<TcMaskCase> hopper_window_cases() {
                           ElementMask::kNone));
   c.push_back(lower_right("lower_right_sq_gt_sk_window_d64", {1, 2, 2, 400, 130, 64, 64}, 1, 60,
                           ElementMask::kNone));
+  // The window following the bottom-right diagonal (FlashAttention's window_size).
+  for (TcMaskCase t : {lower_right("window_follows_sk_gt_sq_d128", {2, 4, 2, 150, 700, 128, 128}, 1,
+                                   100, ElementMask::kNone),
+                       lower_right("window_follows_sq_gt_sk_d64", {1, 2, 2, 400, 130, 64, 64}, 1,
+                                   60, ElementMask::kNone)}) {
+    t.window_follows = true;
+    c.push_back(t);
+  }
   return c;
 }
 

@@ -52,6 +52,11 @@ struct MaskOptions {
   // seqlen_k the first seqlen_q - seqlen_k rows see no key (output 0, lse -inf). Positions are
   // physical, as for causal (kv_stride keeps positions 0, s, 2s, ...). Not with a pattern.
   bool causal_lower_right = false;
+  // With causal_lower_right: the window follows the bottom-right diagonal, as FlashAttention's
+  // window_size does: query i sees i + shift - window_left <= j <= i + shift + window_right,
+  // shift = seqlen_k - seqlen_q of its sequence (varlen) or batch entry (cache_seqlens). Without
+  // it the window stays centred on j = i.
+  bool window_follows_causal = false;
 
   SparsePattern pattern = SparsePattern::kNone;
   int64_t pattern_block = 0;    // l: the stride (kStrided) or block length (kFixed), >= 1
