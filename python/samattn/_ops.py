@@ -32,7 +32,8 @@ def _attention_forward_fake(query, key, value, scale=None, causal=False, kv_stri
                             return_lse=False, backend="auto", attn_mask=None, window_left=-1,
                             window_right=-1, sparse_pattern="none", sparse_block=0,
                             sparse_summary=0, block_map=None, block_q=128, block_k=128,
-                            num_splits=1, cache_seqlens=None, causal_lower_right=False):
+                            num_splits=1, cache_seqlens=None, causal_lower_right=False,
+                            window_follows_causal=False):
     batch, heads, seqlen_q, _ = query.shape
     out = query.new_empty((batch, heads, seqlen_q, value.shape[-1]))
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
@@ -51,7 +52,8 @@ def _attention_backward_fake(dout, query, key, value, out, lse, scale=None, caus
                              kv_stride=1, deterministic=False, backend="auto", attn_mask=None,
                              window_left=-1, window_right=-1, sparse_pattern="none",
                              sparse_block=0, sparse_summary=0, block_map=None, block_q=128,
-                             block_k=128, cache_seqlens=None, causal_lower_right=False):
+                             block_k=128, cache_seqlens=None, causal_lower_right=False,
+                             window_follows_causal=False):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
@@ -68,7 +70,8 @@ def _paged_forward_fake(query, key_cache, value_cache, block_table, cache_seqlen
 @torch.library.register_fake("samattn::varlen_attention_forward")
 def _varlen_forward_fake(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, scale=None, causal=False, window_left=-1, window_right=-1,
-                         return_lse=False, backend="auto", causal_lower_right=False):
+                         return_lse=False, backend="auto", causal_lower_right=False,
+                         window_follows_causal=False):
     total_q, heads, _ = query.shape
     out = query.new_empty((total_q, heads, value.shape[-1]))
     lse_shape = (heads, total_q) if return_lse else (0,)
@@ -78,5 +81,6 @@ def _varlen_forward_fake(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seql
 @torch.library.register_fake("samattn::varlen_attention_backward")
 def _varlen_backward_fake(dout, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_k,
                           max_seqlen_q, max_seqlen_k, scale=None, causal=False, window_left=-1,
-                          window_right=-1, causal_lower_right=False):
+                          window_right=-1, causal_lower_right=False,
+                          window_follows_causal=False):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)

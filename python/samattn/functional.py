@@ -99,8 +99,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
               backend: str = "auto", attn_mask: Optional[Tensor] = None,
               window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
               sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
-              num_splits: int = 1, cache_seqlens: Optional[Tensor] = None
-              ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+              num_splits: int = 1, cache_seqlens: Optional[Tensor] = None,
+              window_follows_causal: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Fused attention on (batch, heads, seq_len, head_dim) tensors.
 
     q: (B, Hq, Sq, D); k: (B, Hkv, Sk, D); v: (B, Hkv, Sk, Dv) with Hq a multiple of Hkv
@@ -134,6 +134,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
     dtype), broadcastable to (B, Hq, Sq, Sk); any strides, broadcast dimensions cost nothing.
     Not differentiable (no gradient flows into it).
     window: (left, right): query i sees keys i - left <= j <= i + right; -1 = unbounded.
+    window_follows_causal (with causal="lower_right"): the window follows the bottom-right
+    diagonal instead, as FlashAttention's window_size does: query i sees
+    i + Sk - Sq - left <= j <= i + Sk - Sq + right (Sk each entry's cache_seqlens when given).
     sparse_pattern: Sparse Transformer patterns (Child et al., 2019), causal by definition:
     "strided" (query i sees j <= i with i - j < sparse_block or (i - j) % sparse_block == 0) and
     "fixed" (j in i's block of sparse_block positions, or among the last sparse_summary positions
@@ -193,7 +196,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False)))
     left, right = _window_pair(window)
-    if cache_seqlens is not None:
+    if window_follows_causal and not _causal_is_lower_right(causal):
+        raise ValueError("samattn: window_follows_causal places the window around the "
+                         "bottom-right diagonal: it needs causal='lower_right', got "
+                         f"causal={causal!r}")
+    if cache_seqlens is not None or window_follows_causal:
         # Each entry's own length sets its bottom-right alignment: the kernels apply it, so the
         # whole call is one operator call whatever the options.
         lower_right = _causal_is_lower_right(causal)
@@ -204,7 +211,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str] = Fal
         out, lse = ops.attention_forward(q, k, v, scale, bool(causal) and not lower_right,
                                          kv_stride, needs_lse, backend, attn_mask, left, right,
                                          sparse_pattern, sparse_block, sparse_summary, block_map,
-                                         *blocks, num_splits, cache_seqlens, lower_right)
+                                         *blocks, num_splits, cache_seqlens, lower_right,
+                                         window_follows_causal)
         return (out, lse) if return_lse else out
     if causal is not False and causal is not True:
         return _lower_right_or_named(q, k, v, causal, scale, kv_stride, return_lse, backend,
@@ -301,7 +309,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                      cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: Union[bool, str] = False, scale: Optional[float] = None,
                      window: Optional[Tuple[int, int]] = None, return_lse: bool = False,
-                     backend: str = "auto") -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                     backend: str = "auto",
+                     window_follows_causal: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a batch of sequences of different lengths, packed (FlashAttention-2's
     varlen convention).
 
@@ -332,9 +341,13 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
         or getattr(v, "requires_grad", False)))
     left, right = _window_pair(window)
     lower_right = _causal_is_lower_right(causal)
+    if window_follows_causal and not lower_right:
+        raise ValueError("samattn: window_follows_causal needs causal='lower_right', got "
+                         f"causal={causal!r}")
     out, lse = ops.varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, scale, bool(causal) and not lower_right,
-                                            left, right, needs_lse, backend, lower_right)
+                                            left, right, needs_lse, backend, lower_right,
+                                            window_follows_causal)
     return (out, lse) if return_lse else out
 
 
@@ -344,7 +357,8 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
                      window: Optional[Tuple[int, int]] = None, sparse_pattern: str = "none",
                      sparse_block: int = 0, sparse_summary: int = 0, block_sparse=None,
                      backward: bool = False, num_splits: int = 1, detail: bool = False,
-                     cache_seqlens: Optional[Tensor] = None) -> str:
+                     cache_seqlens: Optional[Tensor] = None,
+                     window_follows_causal: bool = False) -> str:
     """Which kernel family samattn.attention would run for these CUDA tensors and options on this
     GPU: "simt", "tensor_core" or "hopper". Forcing "simt" (argument or SAMATTN_FORCE_SIMT=1) is
     honoured. A call that num_splits splits runs its chunks on "tensor_core".
@@ -361,9 +375,10 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
     cache_seqlens (forward only): as in samattn.attention; a call that runs one call per batch
     entry names the family of its entries (with detail, "..., one call per batch entry
     (cache_seqlens)")."""
-    if cache_seqlens is not None:
+    if cache_seqlens is not None or window_follows_causal:
         if backward:
-            raise ValueError("selected_backend(backward=True) takes no cache_seqlens")
+            raise ValueError("selected_backend(backward=True) takes no cache_seqlens or "
+                             "window_follows_causal")
         lower_right = _causal_is_lower_right(causal)
         left, right = _window_pair(window)
         extra = (None, 128, 128) if block_sparse is None else (
@@ -371,7 +386,7 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
         return ops.selected_backend(q, k, v, bool(causal) and not lower_right, kv_stride,
                                     backend, attn_mask, left, right, sparse_pattern,
                                     sparse_block, sparse_summary, *extra, num_splits, detail,
-                                    cache_seqlens, lower_right)
+                                    cache_seqlens, lower_right, window_follows_causal)
     if causal is not False and causal is not True:
         # As samattn.attention runs a named causal option: on the trailing rows, with a window.
         plan = _CausalPlan(causal, q.shape[-2], k.shape[-2], *_window_pair(window))

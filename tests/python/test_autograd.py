@@ -126,25 +126,28 @@ def test_backward_replays_cache_seqlens_and_bottom_right_causal():
     assert replayed[20:] == first[18:]
 
 
-@pytest.mark.parametrize("causal,lower_right", [(True, False), (False, True)],
-                         ids=["top_left", "bottom_right"])
-def test_varlen_backward_replays_its_options(causal, lower_right):
+@pytest.mark.parametrize("causal,lower_right,follows",
+                         [(True, False, False), (False, True, False), (False, True, True)],
+                         ids=["top_left", "bottom_right", "bottom_right_window_follows"])
+def test_varlen_backward_replays_its_options(causal, lower_right, follows):
     q, k, v = (torch.randn(9, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
     options = (cu, cu, 5, 5, 0.8, causal, 2, 0)
 
     def gradients(q, k, v):
-        out, _ = ops.varlen_attention_forward(q, k, v, *options, False, "auto", lower_right)
+        out, _ = ops.varlen_attention_forward(q, k, v, *options, False, "auto", lower_right,
+                                              follows)
         return torch.autograd.grad(out.sum(), (q, k, v))
 
     first, recompute, replayed = traced_replay(gradients, (q, k, v),
                                                ops.varlen_attention_forward.default,
                                                ops.varlen_attention_backward.default, 11)
     assert recompute[:11] == first[:11] and recompute[12:] == first[12:]
-    assert first[13] is lower_right
-    # The backward: (dout, q, k, v, out, lse, the forward's options..., causal_lower_right).
+    assert first[13] is lower_right and first[14] is follows
+    # The backward: (dout, q, k, v, out, lse, the forward's options..., causal_lower_right,
+    # window_follows_causal).
     assert replayed[1:4] == first[0:3] and replayed[6:14] == first[3:11]
-    assert replayed[14] == first[13]
+    assert replayed[14:16] == first[13:15]
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "every_mask_option"])

@@ -1002,3 +1002,65 @@ def test_gpu_block_sparse_on_hopper(dtype, shape, causal, block_q):
     assert torch.equal(torch.isneginf(lse), torch.isneginf(forced_lse))
     finite = torch.isfinite(lse)
     assert torch.allclose(lse[finite], forced_lse[finite], rtol=1e-5, atol=1e-5)
+
+
+# ---- the window following bottom-right causal (FlashAttention's window_size) -----------------
+
+def flash_window_visibility(seqlen_q, seqlen_k, left, right):
+    """(Sq, Sk) boolean from FlashAttention-2's definition of causal=True with window_size."""
+    i = torch.arange(seqlen_q).view(-1, 1)
+    j = torch.arange(seqlen_k).view(1, -1)
+    shift = seqlen_k - seqlen_q
+    visible = j <= i + shift
+    if left >= 0:
+        visible = visible & (j >= i + shift - left)
+    if right >= 0:
+        visible = visible & (j <= i + shift + right)
+    return visible
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(5, 17), (17, 5), (8, 8), (1, 30)])
+@pytest.mark.parametrize("window", [(3, 0), (0, 0), (6, -1), (2, 1)])
+def test_window_follows_causal_is_flash_attentions_window_size(seqlen_q, seqlen_k, window):
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 8, dtype=torch.float64, seed=21)
+    out, lse = samattn.attention(q, k, v, causal="lower_right", window=window,
+                                 window_follows_causal=True, return_lse=True)
+    want, want_lse = oracle(q, k, v, visible=flash_window_visibility(seqlen_q, seqlen_k, *window))
+    assert torch.allclose(out, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+
+
+def test_window_follows_causal_per_entry_and_per_sequence():
+    # With cache_seqlens the shift is each entry's; under varlen each sequence's.
+    q, k, v = make_qkv(3, 4, 2, 4, 20, 8, dtype=torch.float64, seed=22)
+    lengths = [20, 9, 3]
+    out = samattn.attention(q, k, v, causal="lower_right", window=(5, 0), window_follows_causal=True,
+                            cache_seqlens=torch.tensor(lengths, dtype=torch.int32))
+    for b, length in enumerate(lengths):
+        want, _ = oracle(q[b:b + 1], k[b:b + 1, :, :length], v[b:b + 1, :, :length],
+                         visible=flash_window_visibility(4, length, 5, 0))
+        assert torch.allclose(out[b:b + 1], want, rtol=1e-12, atol=1e-12)
+    lengths_q, lengths_k = [4, 1, 6], [9, 7, 3]
+    packed = make_varlen(lengths_q, lengths_k, dim=8, dim_v=8)
+    qp, kp, vp, cu_q, cu_k = packed[:5]
+    out = samattn.varlen_attention(qp, kp, vp, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                   causal="lower_right", window=(2, 1), window_follows_causal=True)
+    for b in range(3):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        want, _ = oracle(qp[rows].transpose(0, 1).unsqueeze(0),
+                         kp[keys].transpose(0, 1).unsqueeze(0),
+                         vp[keys].transpose(0, 1).unsqueeze(0),
+                         visible=flash_window_visibility(lengths_q[b], lengths_k[b], 2, 1))
+        assert torch.allclose(out[rows].transpose(0, 1).unsqueeze(0), want, rtol=1e-12,
+                              atol=1e-12)
+    with pytest.raises(ValueError, match="needs causal='lower_right'"):
+        samattn.attention(q, k, v, causal=True, window=(5, 0), window_follows_causal=True)
+
+
+def test_window_follows_causal_gradients_match_torch_autograd():
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 5, 11, 4, dtype=torch.float64,
+                                                     seed=23))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: samattn.attention(q, k, v, causal="lower_right", window=(3, 1),
+                                          window_follows_causal=True), (q, k, v))
