@@ -40,11 +40,11 @@ def lower_right_visibility(seqlen_q, seqlen_k, *, window=None, kv_stride=1):
 
 @pytest.mark.parametrize("seqlen_q,seqlen_k,left", [(1, 20, 4), (3, 20, 4), (4, 9, 5),
                                                    (4, 9, 7), (1, 9, 8), (6, 6, 2)])
-def test_flash_attention_window_mapping_of_the_readme(seqlen_q, seqlen_k, left):
+def test_flash_attention_window_with_and_without_window_follows_causal(seqlen_q, seqlen_k, left):
     # FlashAttention-2's causal=True, window_size=(L, 0): i + Sk - Sq - L <= j <= i + Sk - Sq
-    # (both edges on the bottom-right diagonal). The README maps it onto samattn's window, which
-    # stays anchored at j = i: window (L - (Sk - Sq), -1) when Sk - Sq <= L, else window (0, -1)
-    # on the last L + Sq keys.
+    # (both edges on the bottom-right diagonal). With window_follows_causal it is one call; the
+    # default window, anchored at j = i, gives it as window (L - (Sk - Sq), -1) when
+    # Sk - Sq <= L, else window (0, -1) on the last L + Sq keys.
     q, k, v = make_qkv(1, 2, 1, seqlen_q, seqlen_k, 8, dtype=torch.float64, seed=13)
     rows = torch.arange(seqlen_q)[:, None]
     cols = torch.arange(seqlen_k)[None, :]
@@ -59,6 +59,9 @@ def test_flash_attention_window_mapping_of_the_readme(seqlen_q, seqlen_k, left):
         got = samattn.attention(q, k[:, :, -keep:], v[:, :, -keep:], causal="lower_right",
                                 window=(0, -1))
     assert_close(got, want, torch.float64)
+    follows = samattn.attention(q, k, v, causal="lower_right", window=(left, 0),
+                                window_follows_causal=True)
+    assert_close(follows, want, torch.float64)
 
 
 def grads_of(out, inputs, dout):
