@@ -21,8 +21,11 @@ Status declined(const std::string& why) {
 }
 
 // The right edge the kernel applies: -1 (none) also where every query sees every key (r >=
-// seqlen_k), which keeps seqlen_q + r from overflowing for any r.
+// seqlen_k), which keeps seqlen_q + r from overflowing for any r, and where the window follows
+// bottom-right causal (its right edge then lies at or past the causal one, which the kernel
+// applies itself).
 int64_t right_edge(const AttentionParams& p) {
+  if (p.mask.window_follows_causal) return -1;
   return p.mask.window_right >= 0 && p.mask.window_right < p.seqlen_k ? p.mask.window_right : -1;
 }
 
@@ -48,11 +51,12 @@ Status decode_kernel_takes(const AttentionParams& p) {
   }
   if (p.kv_stride != 1) return declined(concat("kv_stride ", p.kv_stride, " (1)"));
   const MaskOptions& m = p.mask;
+  // (A window following bottom-right causal has no effect without a left edge.)
   if (p.causal || m.has_block_map() || m.is_varlen() || m.pattern != SparsePattern::kNone ||
-      m.window_left >= 0 || m.window_follows_causal) {
+      m.window_left >= 0) {
     return declined(
-        "top-left causal or mask options other than bottom-right causal, a window's right edge "
-        "(centred on j = i), cache_seqlens and attn_mask");
+        "top-left causal or mask options other than bottom-right causal, a window's right edge, "
+        "cache_seqlens and attn_mask");
   }
   if (m.has_element_mask() && (m.head_stride != 0 || (m.row_stride != 0 && p.seqlen_q > 1))) {
     return declined("an attn_mask that varies over heads or query rows (a key mask only)");

@@ -375,6 +375,9 @@ def selected_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: Union[bool, str
     cache_seqlens (forward only): as in samattn.attention; a call that runs one call per batch
     entry names the family of its entries (with detail, "..., one call per batch entry
     (cache_seqlens)")."""
+    if window_follows_causal and not _causal_is_lower_right(causal):
+        raise ValueError("samattn: window_follows_causal needs causal='lower_right', got "
+                         f"causal={causal!r}")
     if cache_seqlens is not None or window_follows_causal:
         if backward:
             raise ValueError("selected_backend(backward=True) takes no cache_seqlens or "

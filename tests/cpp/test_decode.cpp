@@ -72,6 +72,14 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
   const int32_t lengths[2] = {4000, 17};
   q.mask.cache_seqlens = lengths;
   EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "cache_seqlens";
+  // A window following bottom-right causal: without a left edge it changes nothing (its right
+  // edge lies past the causal one), so the kernel runs it without that edge.
+  q.mask.window_follows_causal = true;
+  q.mask.window_right = 3;
+  EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "window_follows_causal, right edge only";
+  EXPECT_EQ(detail::make_decode_kernel_params(q, detail::plan_decode(q, 264), {}).right_edge, -1);
+  q.mask.window_left = 100;
+  declined(q, "mask options");
   q = p;
   q.seqlen_q = 17;  // 4 query heads per kv head: 68 rows
   declined(q, "68 rows");

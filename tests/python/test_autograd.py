@@ -103,18 +103,20 @@ def test_backward_replays_every_option():
     assert replayed[20:] == first[18:]  # cache_seqlens, causal_lower_right (unset here)
 
 
-def test_backward_replays_cache_seqlens_and_bottom_right_causal():
+def test_backward_replays_cache_seqlens_bottom_right_causal_and_the_window_that_follows_it():
     q, k, v = leaf_qkv(seqlen_q=3, seqlen_k=8)
     lengths = torch.tensor([5], dtype=torch.int32)
 
-    def call(q, k, v, return_lse, cache_seqlens, lower_right):
-        return ops.attention_forward(q, k, v, 0.8, False, 1, return_lse, "auto", None, -1, -1,
-                                     "none", 0, 0, None, 128, 128, 1, cache_seqlens, lower_right)
+    def call(q, k, v, return_lse, cache_seqlens, lower_right, follows=True):
+        return ops.attention_forward(q, k, v, 0.8, False, 1, return_lse, "auto", None, 1, -1,
+                                     "none", 0, 0, None, 128, 128, 1, cache_seqlens, lower_right,
+                                     follows and lower_right)
 
     # Each shapes the result, so a replay that lost one would be another problem.
     full = call(q, k, v, True, lengths, True)[0]
     assert not torch.allclose(call(q, k, v, True, None, True)[0], full)
     assert not torch.allclose(call(q, k, v, True, lengths, False)[0], full)
+    assert not torch.allclose(call(q, k, v, True, lengths, True, follows=False)[0], full)
 
     def gradients(q, k, v):
         return torch.autograd.grad(call(q, k, v, False, lengths, True)[0].sum(), (q, k, v))
@@ -122,7 +124,7 @@ def test_backward_replays_cache_seqlens_and_bottom_right_causal():
     first, recompute, replayed = traced_replay(gradients, (q, k, v), ops.attention_forward.default,
                                                ops.attention_backward.default, 6)
     assert recompute[:6] == first[:6] and recompute[7:] == first[7:]
-    assert first[19] is True and first[18] == replayed[20]
+    assert first[19] is True and first[20] is True and first[18] == replayed[20]
     assert replayed[20:] == first[18:]
 
 
