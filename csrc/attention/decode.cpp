@@ -29,10 +29,20 @@ int64_t right_edge(const AttentionParams& p) {
   return p.mask.window_right >= 0 && p.mask.window_right < p.seqlen_k ? p.mask.window_right : -1;
 }
 
+// The left edge the kernel applies: a window's following bottom-right causal, -1 (none) also
+// where it hides nothing (left >= seqlen_k), which keeps every sum with it from overflowing.
+int64_t left_edge(const AttentionParams& p) {
+  const int64_t left = p.mask.window_left;
+  return p.mask.window_follows_causal && left >= 0 && left < p.seqlen_k ? left : -1;
+}
+
 // Keys any query sees: all, or with a right edge r the first seqlen_q + r (query t sees
 // j <= t + r). Bottom-right causal and cache_seqlens hide keys per entry; the plan covers the
 // longest (chunks past an entry's keys do nothing).
 int64_t visible_keys(const AttentionParams& p) {
+  // A window following bottom-right causal: an entry's rows see at most seqlen_q + left keys,
+  // from its first row's window start (where its chunks begin).
+  if (left_edge(p) >= 0) return std::min(p.seqlen_k, p.seqlen_q + left_edge(p));
   if (right_edge(p) < 0) return p.seqlen_k;
   return std::min(p.seqlen_k, p.seqlen_q + right_edge(p));
 }
@@ -52,11 +62,12 @@ Status decode_kernel_takes(const AttentionParams& p) {
   if (p.kv_stride != 1) return declined(concat("kv_stride ", p.kv_stride, " (1)"));
   const MaskOptions& m = p.mask;
   // (A window following bottom-right causal has no effect without a left edge.)
+  // A left edge only where it follows bottom-right causal (sliding-window decoding).
   if (p.causal || m.has_block_map() || m.is_varlen() || m.pattern != SparsePattern::kNone ||
-      m.window_left >= 0) {
+      (m.window_left >= 0 && !m.window_follows_causal)) {
     return declined(
-        "top-left causal or mask options other than bottom-right causal, a window's right edge, "
-        "cache_seqlens and attn_mask");
+        "top-left causal or mask options other than bottom-right causal, a window (a left edge "
+        "only with window_follows_causal), cache_seqlens and attn_mask");
   }
   if (m.has_element_mask() && (m.head_stride != 0 || (m.row_stride != 0 && p.seqlen_q > 1))) {
     return declined("an attn_mask that varies over heads or query rows (a key mask only)");
@@ -139,6 +150,7 @@ DecodeKernelParams make_decode_kernel_params(const AttentionParams& p, const Key
   k.chunk_keys = split.chunk_keys;
   k.right_edge = right_edge(p);
   k.lower_right = p.mask.causal_lower_right;
+  k.window_left = left_edge(p);
   k.cache_seqlens = p.mask.cache_seqlens;
   k.block_table = p.mask.block_table;
   k.block_table_stride = p.mask.block_table_stride;

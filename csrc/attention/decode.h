@@ -72,6 +72,10 @@ struct DecodeKernelParams {
   // Bottom-right causal: query t of entry b sees keys j <= t + keys(b) - seqlen_q (with a window's
   // right edge, the nearer of the two).
   bool lower_right;
+  // A window's left edge following bottom-right causal (MaskOptions::window_follows_causal), or
+  // -1: query t of entry b sees keys j >= t + keys(b) - seqlen_q - window_left; the chunks then
+  // start at the first row's window, so the keys before every window are never read.
+  int64_t window_left;
   // Per-entry key lengths (MaskOptions::cache_seqlens), or null: entry b's keys are its first
   // cache_seqlens[b], clamped to [0, seqlen_k] (the contents are the caller's, as for varlen).
   const int32_t* cache_seqlens;
@@ -92,11 +96,15 @@ struct DecodeKernelParams {
 // past the entry's keys), and, relative to begin, the keys some row sees (any_end: the last
 // query's right edge) and that every row sees (all_end: the first query's); either may be <= 0.
 // tiles: the 64-key tiles that cover [0, any_end). edge: where has_edge, query t sees keys
-// j <= t + edge (the window's right edge or bottom-right causal, the nearer).
+// j <= t + edge (the window's right edge or bottom-right causal, the nearer). With a left edge
+// (has_left), query t sees keys from first_begin + t on, relative to begin (first_begin <= 0 for
+// the chunk holding the first row's window start, which the chunks start from).
 struct DecodeChunk {
   int64_t begin, end, any_end, all_end, tiles;
   int64_t edge;
   bool has_edge;
+  int64_t first_begin;
+  bool has_left;
 };
 
 SAMATTN_HOST_DEVICE int64_t decode_min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -130,7 +138,13 @@ SAMATTN_HOST_DEVICE DecodeChunk decode_chunk(const DecodeKernelParams& p, int64_
   c.edge = p.right_edge >= 0 ? p.right_edge : keys;
   // keys - seqlen_q >= -64 and right_edge < seqlen_k (the host's): no overflow below.
   if (p.lower_right) c.edge = decode_min(c.edge, keys - p.seqlen_q);
-  c.begin = chunk * p.chunk_keys;
+  // With a left edge the chunks start at the first row's window (t = 0 sees keys from
+  // shift - left on, the other rows from later keys).
+  c.has_left = p.window_left >= 0;
+  const int64_t window_start = keys - p.seqlen_q - p.window_left;  // of row 0; with has_left
+  const int64_t first_key = c.has_left ? decode_max(int64_t{0}, window_start) : 0;
+  c.begin = first_key + chunk * p.chunk_keys;
+  c.first_begin = window_start - c.begin;
   c.end = decode_max(c.begin, decode_min(keys, c.begin + p.chunk_keys));
   c.any_end = c.end - c.begin;
   c.all_end = c.any_end;
@@ -149,6 +163,14 @@ SAMATTN_HOST_DEVICE int64_t decode_row_end(const DecodeKernelParams& p, const De
   const int64_t end = c.end - c.begin;
   if (!c.has_edge || row >= rows) return end;
   return decode_min(end, row % p.seqlen_q + c.edge + 1 - c.begin);
+}
+
+// The first key of the chunk that query row `row` sees, relative to its begin (<= 0: from the
+// chunk's first key); rows past the block's `rows` and calls without a left edge get 0.
+SAMATTN_HOST_DEVICE int64_t decode_row_begin(const DecodeKernelParams& p, const DecodeChunk& c,
+                                             int row, int rows) {
+  if (!c.has_left || row >= rows) return 0;
+  return c.first_begin + row % p.seqlen_q;
 }
 
 // What warp `warp` of `warps` computes for a block of `rows` query rows: 16-row mma tile

@@ -78,7 +78,11 @@ TEST(DecodePlan, TakesOnlyItsCalls) {
   q.mask.window_right = 3;
   EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "window_follows_causal, right edge only";
   EXPECT_EQ(detail::make_decode_kernel_params(q, detail::plan_decode(q, 264), {}).right_edge, -1);
+  // Its left edge is the kernel's (sliding-window decoding); a left edge centred on j = i is not.
   q.mask.window_left = 100;
+  EXPECT_TRUE(detail::decode_kernel_takes(q).ok()) << "sliding-window decoding";
+  EXPECT_EQ(detail::make_decode_kernel_params(q, detail::plan_decode(q, 264), {}).window_left, 100);
+  q.mask.window_follows_causal = false;
   declined(q, "mask options");
   q = p;
   q.seqlen_q = 17;  // 4 query heads per kv head: 68 rows
@@ -241,12 +245,17 @@ Replay replay_decode(const Problem& pb, const KeySplit& split,
               const int64_t first = tile * detail::kDecodeBlockN + slice * 16;
               if (first >= chunk.any_end) break;
               const bool needs_mask = first + 16 > chunk.all_end;
+              const int64_t left_mask_end = chunk.has_left ? chunk.first_begin + k.seqlen_q - 1 : 0;
               for (int tile_row = 0; tile_row < 16; ++tile_row) {
                 const int row = role.row_tile * 16 + tile_row;
                 const int64_t limit = std::max<int64_t>(
                     -1, std::min<int64_t>(detail::decode_row_end(k, chunk, row, rows) - first, 16));
+                const int64_t start = std::max<int64_t>(
+                    0,
+                    std::min<int64_t>(detail::decode_row_begin(k, chunk, row, rows) - first, 16));
                 for (int key = 0; key < 16; ++key) {
                   if (needs_mask && key >= limit) continue;
+                  if (first < left_mask_end && key < start) continue;
                   if (row >= rows) continue;  // padding rows are never stored
                   const int64_t j = chunk.begin + first + key;
                   const int64_t hq = h * k.group + row / k.seqlen_q, t = row % k.seqlen_q;
@@ -335,14 +344,24 @@ Replay replay_decode(const Problem& pb, const KeySplit& split,
 }
 
 // The keys [0, end) that query t of batch entry b sees by the definition: the entry's keys
-// (cache_seqlens[b] or seqlen_k), then j <= t + the window's right edge, and with bottom-right
-// causal j <= t + keys - seqlen_q.
+// (cache_seqlens[b] or seqlen_k), then j <= t + the window's right edge (centred on j = t), and
+// with bottom-right causal j <= t + keys - seqlen_q.
 int64_t definition_end(const AttentionParams& p, int64_t b, int64_t t) {
   const int64_t keys = p.mask.cache_seqlens != nullptr ? p.mask.cache_seqlens[b] : p.seqlen_k;
   int64_t end = keys;
-  if (p.mask.window_right >= 0) end = std::min(end, t + p.mask.window_right + 1);
+  if (p.mask.window_right >= 0 && !p.mask.window_follows_causal) {
+    end = std::min(end, t + p.mask.window_right + 1);
+  }
   if (p.mask.causal_lower_right) end = std::min(end, t + keys - p.seqlen_q + 1);
   return std::max<int64_t>(end, 0);
+}
+
+// The first key query t of entry b sees: with a window following bottom-right causal,
+// t + keys - seqlen_q - left (at least 0); else 0.
+int64_t definition_begin(const AttentionParams& p, int64_t b, int64_t t) {
+  if (!p.mask.window_follows_causal || p.mask.window_left < 0) return 0;
+  const int64_t keys = p.mask.cache_seqlens != nullptr ? p.mask.cache_seqlens[b] : p.seqlen_k;
+  return std::max<int64_t>(0, t + keys - p.seqlen_q - p.mask.window_left);
 }
 
 // The definition in fp64: row (b, hq, t) sees keys j < definition_end(b, t) (and keep[b, j],
@@ -356,10 +375,10 @@ void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
     for (int64_t hq = 0; hq < p.heads_q; ++hq) {
       for (int64_t t = 0; t < p.seqlen_q; ++t) {
         const int64_t row = (b * p.heads_q + hq) * p.seqlen_q + t;
-        const int64_t end = definition_end(p, b, t);
-        std::vector<double> scores(end);
+        const int64_t end = definition_end(p, b, t), begin = definition_begin(p, b, t);
+        std::vector<double> scores(end, -std::numeric_limits<double>::infinity());
         double largest = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = begin; j < end; ++j) {
           ASSERT_EQ((replay.seen.count({row, j}) ? replay.seen.at({row, j}) : 0), 1)
               << "row " << row << " key " << j << " counted once";
           double dot = 0;
@@ -379,11 +398,11 @@ void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
           continue;
         }
         double sum = 0;
-        for (int64_t j = 0; j < end; ++j) sum += std::exp(scores[j] - largest);
+        for (int64_t j = begin; j < end; ++j) sum += std::exp(scores[j] - largest);
         EXPECT_NEAR(replay.lse[row], largest + std::log(sum), 1e-9) << "row " << row;
         for (int64_t d = 0; d < dim; ++d) {
           double value = 0;
-          for (int64_t j = 0; j < end; ++j) {
+          for (int64_t j = begin; j < end; ++j) {
             value += std::exp(scores[j] - largest) / sum *
                      pb.v.get(b * p.v_strides.batch + hq / group * p.v_strides.head +
                               j * p.v_strides.seq + d);
@@ -396,7 +415,7 @@ void expect_replay_equals_definition(const Problem& pb, const Replay& replay,
   for (const auto& [row_key, times] : replay.seen) {
     const int64_t t = row_key.first % p.seqlen_q, j = row_key.second;
     const int64_t b = row_key.first / (p.heads_q * p.seqlen_q);
-    const bool visible = j < definition_end(p, b, t);
+    const bool visible = j >= definition_begin(p, b, t) && j < definition_end(p, b, t);
     ASSERT_TRUE(visible) << "row " << row_key.first << " counted hidden key " << j;
   }
 }
@@ -501,6 +520,40 @@ TEST(DecodePlan, CacheLengthsAreClampedOnTheDevice) {
     EXPECT_EQ(detail::decode_chunk(k, c, 0).tiles, 0);
     EXPECT_LE(detail::decode_chunk(k, c, 2).end, 1000);
     EXPECT_GE(detail::decode_chunk(k, c, 2).any_end, 0);
+  }
+}
+
+// Sliding-window decoding: a left edge following bottom-right causal (window_follows_causal),
+// the chunks starting at each entry's first row's window, with cache_seqlens and a key mask.
+TEST(DecodePlan, ReplayedBlocksWithASlidingWindowEqualTheDefinition) {
+  const int32_t lengths[] = {1000, 300, 5, 0};
+  struct WindowCase {
+    const char* name;
+    int64_t seqlen_q, left, num_splits;
+    bool lengths, key_mask;
+  };
+  const WindowCase cases[] = {
+      {"one_query_window_100", 1, 100, 3, false, false},
+      {"drafts_window_70", 5, 70, 4, true, false},
+      {"drafts_window_0", 3, 0, 2, true, false},
+      {"window_past_the_keys", 4, 5000, 6, true, false},
+      {"one_chunk_key_mask", 2, 130, 1, true, true},
+  };
+  for (const WindowCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem pb({4, 8, 2, c.seqlen_q, 1000, 64, 64}, DType::kBFloat16, true, 29);
+    pb.params.mask.causal_lower_right = true;
+    pb.params.mask.window_follows_causal = true;
+    pb.params.mask.window_left = c.left;
+    if (c.lengths) pb.params.mask.cache_seqlens = lengths;
+    pb.params.num_splits = c.num_splits;
+    ASSERT_TRUE(detail::decode_kernel_takes(pb.params).ok())
+        << detail::decode_kernel_takes(pb.params).message();
+    const KeySplit split = detail::plan_decode(pb.params, 264);
+    std::vector<char> keep(4 * 1000, 1);
+    for (int64_t j = 0; j < 1000; j += 4) keep[j] = 0;  // entry 0: every fourth key
+    const std::vector<char>* mask = c.key_mask ? &keep : nullptr;
+    expect_replay_equals_definition(pb, replay_decode(pb, split, mask), mask);
   }
 }
 

@@ -73,7 +73,8 @@ struct Emulated {
 // window_right >= 0: also a window's right edge (query i sees positions j <= i + window_right).
 // key_terms: a key mask's additive terms (natural log, -inf hides), (batch, seqlen_k).
 // pb.params.mask's cache_seqlens (host memory) and causal_lower_right apply too: entry b's keys
-// are its first cache_seqlens[b], and bottom-right causal aligns to them.
+// are its first cache_seqlens[b], and bottom-right causal aligns to them; so does a window's left
+// edge that follows it (window_follows_causal).
 Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
                                  const std::vector<double>* key_terms = nullptr) {
   const AttentionParams& p = pb.params;
@@ -95,8 +96,10 @@ Emulated low_precision_reference(const Problem& pb, int64_t window_right = -1,
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const auto visible = [&](int64_t j) {
           const bool masked = key_terms && (*key_terms)[b * p.seqlen_k + j] == -INFINITY;
+          const bool follows = p.mask.window_follows_causal && p.mask.window_left >= 0;
           return j < keys && j % p.kv_stride == 0 && (!p.causal || j <= i) &&
                  (!p.mask.causal_lower_right || j <= i + keys - p.seqlen_q) &&
+                 (!follows || j >= i + keys - p.seqlen_q - p.mask.window_left) &&
                  (window_right < 0 || j <= i + window_right) && !masked;
         };
         double row_max = neg_inf;
@@ -264,6 +267,7 @@ struct SplitScenario {
   Poison poison = Poison::kNone;
   bool cache_lengths = false;  // mask.cache_seqlens (cache_lengths_of), k and v rows past them NaN
   bool lower_right = false;    // mask.causal_lower_right
+  int64_t follows_left = -1;   // >= 0: a window's left edge following bottom-right causal
 };
 
 // Per-entry key lengths of a cache_lengths scenario: the whole cache, a third of it plus one, an
@@ -314,6 +318,8 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
   pb.params.kv_stride = sc.kv_stride;
   pb.params.mask.window_right = sc.window_right;
   pb.params.mask.causal_lower_right = sc.lower_right;
+  pb.params.mask.window_follows_causal = sc.follows_left >= 0;
+  pb.params.mask.window_left = sc.follows_left;
   const std::vector<int32_t> lengths =
       sc.cache_lengths ? cache_lengths_of(pb.params) : std::vector<int32_t>{};
   if (sc.cache_lengths) {
@@ -693,6 +699,36 @@ TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
         }
       }
     }
+  }
+}
+
+// Sliding-window decoding: a left edge following bottom-right causal, the chunks starting at each
+// entry's first row's window; with cache_seqlens (NaN past the lengths), drafts, a key mask.
+TEST(DecodeKernelGpu, SlidingWindowMatchesReference) {
+  SKIP_WITHOUT_TENSOR_CORES();
+  SplitScenario scenarios[] = {
+      {"window_100_one_query", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
+      {"window_70_drafts_lengths", {4, 8, 2, 5, 1000, 64, 64}, true, 1, 4},
+      {"window_0_drafts_lengths", {4, 8, 2, 3, 700, 128, 128}, false, 1, 2},
+      {"window_130_one_chunk_lengths_float_terms",
+       {4, 8, 2, 2, 900, 64, 64},
+       true,
+       1,
+       1,
+       -1,
+       false,
+       KeyMask::kFloat32},
+      {"window_1000_d256_lengths", {4, 8, 1, 1, 2000, 256, 256}, false, 1, 0},
+  };
+  const int64_t lefts[] = {100, 70, 0, 130, 1000};
+  for (size_t i = 0; i < std::size(scenarios); ++i) {
+    scenarios[i].lower_right = true;
+    scenarios[i].follows_left = lefts[i];
+    scenarios[i].cache_lengths =
+        std::string(scenarios[i].name).find("lengths") != std::string::npos;
+  }
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const SplitScenario& sc : scenarios) check_split_call(sc, dtype, true);
   }
 }
 

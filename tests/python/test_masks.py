@@ -1064,3 +1064,21 @@ def test_window_follows_causal_gradients_match_torch_autograd():
     assert torch.autograd.gradcheck(
         lambda q, k, v: samattn.attention(q, k, v, causal="lower_right", window=(3, 1),
                                           window_follows_causal=True), (q, k, v))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [0, 1])
+def test_gpu_sliding_window_decoding_matches_reference(dtype, num_splits):
+    # The decoding kernel with a left edge following bottom-right causal, per entry.
+    q, k, v = make_qkv(3, 8, 2, 2, 1500, 128, dtype=dtype, device="cuda", layout="bshd", seed=24)
+    lengths = [1500, 600, 40]
+    n = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    options = dict(causal="lower_right", window=(256, 0), window_follows_causal=True,
+                   num_splits=num_splits, cache_seqlens=n)
+    assert "decoding kernel" in samattn.selected_backend(q, k, v, detail=True, **options)
+    out, lse = samattn.attention(q, k, v, return_lse=True, **options)
+    visible = torch.zeros(3, 1, 2, 1500, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        visible[b, 0, :, :length] = flash_window_visibility(2, length, 256, 0)
+    check_forward(out, lse, q, k, v, {}, attn_mask=visible.cuda())

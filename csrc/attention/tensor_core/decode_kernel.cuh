@@ -142,6 +142,20 @@ __device__ __forceinline__ void load_paged_stage(Element* k_tile, Element* v_til
   }
 }
 
+// Sets the warp's scores of keys before each row's window (key_start[i], relative to the
+// 16-key slice: the lane's keys 2 * (lane % 4) + {0, 1} of each 8-key tile) to -inf.
+__device__ __forceinline__ void mask_before(float (&s)[1][2][4], const int (&key_start)[2],
+                                            int lane) {
+  const int col0 = 2 * (lane % 4);
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (t * 8 + col0 + (e & 1) < key_start[e / 2]) s[0][t][e] = -INFINITY;
+    }
+  }
+}
+
 template <typename Element, int kHeadDim>
 __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p) {
   using Cfg = DecodeConfig<kHeadDim>;
@@ -230,11 +244,14 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
   const bool computes = role.computes();
 
   // The keys of the chunk the lane's rows row_tile * 16 + lane / 4 (+ 8) see.
-  int64_t row_end[2];
+  int64_t row_end[2], row_begin[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     row_end[i] = detail::decode_row_end(p, chunk, row_tile * 16 + lane / 4 + 8 * i, rows);
+    row_begin[i] = detail::decode_row_begin(p, chunk, row_tile * 16 + lane / 4 + 8 * i, rows);
   }
+  // Slices before the last query's window start need the left edge masked.
+  const int64_t left_mask_end = chunk.has_left ? chunk.first_begin + queries - 1 : 0;
   const uint32_t q_lane =
       shared_address(q_tile + row_tile * 16 * kStride + q_lane_offset<Element, kStride>(lane));
 
@@ -270,6 +287,15 @@ __device__ __forceinline__ void decode_block(const detail::DecodeKernelParams& p
           key_limit[i] = static_cast<int>(max(int64_t{-1}, min(row_end[i] - first, int64_t{16})));
         }
         scale_and_mask(s, p.scale_log2, first + Cfg::kSliceKeys > all_end, key_limit, lane);
+        if (first < left_mask_end) {
+          int key_start[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            key_start[i] =
+                static_cast<int>(max(int64_t{0}, min(row_begin[i] - first, int64_t{16})));
+          }
+          mask_before(s, key_start, lane);
+        }
         if (key_mask) add_key_terms(s, mask_terms + slice * Cfg::kSliceKeys, lane);
         float rescale[2];
         softmax.update(s, rescale);
