@@ -16,11 +16,12 @@
 //    merge (key_split_merge.cu) combines.
 // Calls it takes: float16/bfloat16, head dims 64, 96, 128, 192 and 256, kv_stride 1, no top-left
 // causal, no mask options but bottom-right causal (new tokens against a cache), a window's right
-// edge r (query t sees keys j <= t + r), per-entry key lengths (cache_seqlens: read on the device,
-// chunks past an entry's length do nothing), a paged cache (block_table, with cache_seqlens: each
-// key row's address from its page) and an attn_mask that is the same for every head and
-// query (a padded batch's key mask, (B|1, 1, 1, Sk), or any broadcast over heads with one query),
-// 16-byte aligned rows (the tensor-core path's alignment).
+// edge r (query t sees keys j <= t + r), a window following bottom-right causal (sliding-window
+// decoding: its left edge, the chunks starting at each entry's window), per-entry key lengths
+// (cache_seqlens: read on the device, chunks past an entry's length do nothing), a paged cache
+// (block_table, with cache_seqlens: each key row's address from its page) and an attn_mask that is
+// the same for every head and query (a padded batch's key mask, (B|1, 1, 1, Sk), or any broadcast
+// over heads with one query), 16-byte aligned rows (the tensor-core path's alignment).
 #pragma once
 
 #include <cstdint>

@@ -538,6 +538,7 @@ TEST(DecodePlan, ReplayedBlocksWithASlidingWindowEqualTheDefinition) {
       {"drafts_window_0", 3, 0, 2, true, false},
       {"window_past_the_keys", 4, 5000, 6, true, false},
       {"one_chunk_key_mask", 2, 130, 1, true, true},
+      {"chunks_key_mask", 3, 700, 4, true, true},
   };
   for (const WindowCase& c : cases) {
     SCOPED_TRACE(c.name);

@@ -544,6 +544,7 @@ TEST(DecodeKernelGpu, PagedCacheMatchesReference) {
     Shape shape;
     bool lower_right;
     int64_t num_splits, page_size;
+    int64_t follows_left = -1;  // >= 0: sliding-window decoding
   };
   const PagedCase cases[] = {
       {"page_16_split", {4, 8, 2, 1, 1000, 128, 128}, false, 0, 16},
@@ -551,6 +552,8 @@ TEST(DecodeKernelGpu, PagedCacheMatchesReference) {
       {"page_100_drafts_lower_right", {4, 8, 2, 4, 777, 64, 64}, true, 4, 100},
       {"page_1_d96", {2, 4, 4, 1, 300, 96, 96}, false, 3, 1},
       {"page_64_d256", {4, 8, 1, 1, 500, 256, 256}, false, 0, 64},
+      // Sliding-window decoding: chunks starting mid-page.
+      {"page_16_window_300_drafts", {4, 8, 2, 3, 1000, 128, 128}, true, 4, 16, 300},
   };
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     for (const PagedCase& c : cases) {
@@ -559,6 +562,8 @@ TEST(DecodeKernelGpu, PagedCacheMatchesReference) {
       const std::vector<int32_t> lengths = cache_lengths_of(pb.params);
       pb.params.mask.cache_seqlens = lengths.data();
       pb.params.mask.causal_lower_right = c.lower_right;
+      pb.params.mask.window_follows_causal = c.follows_left >= 0;
+      pb.params.mask.window_left = c.follows_left;
       const HostTensor expected = pb.reference(/*with_lse=*/true);
       const Emulated emulated = low_precision_reference(pb);
       PagedCopy paged = scatter_into_pages(pb, c.page_size, 7);
@@ -604,6 +609,7 @@ TEST(DecodeKernelGpu, PagedCacheMatchesReference) {
       // A call the decoding kernel does not take is refused with the reason, before any launch.
       p.causal = true;
       p.mask.causal_lower_right = false;
+      p.mask.window_follows_causal = false;
       try {
         attention_forward(p, nullptr);
         ADD_FAILURE() << "a paged call off the decoding kernel must be refused";
@@ -707,9 +713,9 @@ TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
 TEST(DecodeKernelGpu, SlidingWindowMatchesReference) {
   SKIP_WITHOUT_TENSOR_CORES();
   SplitScenario scenarios[] = {
-      {"window_100_one_query", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
+      {"window_1000_one_query_split", {2, 8, 2, 1, 3000, 128, 128}, true, 1, 0},
       {"window_70_drafts_lengths", {4, 8, 2, 5, 1000, 64, 64}, true, 1, 4},
-      {"window_0_drafts_lengths", {4, 8, 2, 3, 700, 128, 128}, false, 1, 2},
+      {"window_0_drafts_lengths_one_chunk", {4, 8, 2, 3, 700, 128, 128}, false, 1, 2},
       {"window_130_one_chunk_lengths_float_terms",
        {4, 8, 2, 2, 900, 64, 64},
        true,
@@ -719,8 +725,16 @@ TEST(DecodeKernelGpu, SlidingWindowMatchesReference) {
        false,
        KeyMask::kFloat32},
       {"window_1000_d256_lengths", {4, 8, 1, 1, 2000, 256, 256}, false, 1, 0},
+      {"window_600_split_lengths_bool_padding",
+       {4, 8, 2, 2, 900, 64, 64},
+       false,
+       1,
+       4,
+       -1,
+       false,
+       KeyMask::kBoolPadding},
   };
-  const int64_t lefts[] = {100, 70, 0, 130, 1000};
+  const int64_t lefts[] = {1000, 70, 0, 130, 1000, 600};
   for (size_t i = 0; i < std::size(scenarios); ++i) {
     scenarios[i].lower_right = true;
     scenarios[i].follows_left = lefts[i];
