@@ -300,25 +300,6 @@ void bind_host_masks(AttentionParams& p, const HostMasks& m) {
   p.mask.cache_seqlens = m.lengths.empty() ? nullptr : m.lengths.data();
 }
 
-// NaN in every k and v row past its entry's cache_seqlens: rows the call must never read.
-void poison_rows_past_lengths(Problem& pb, const std::vector<int32_t>& lengths) {
-  const AttentionParams& p = pb.params;
-  for (int64_t b = 0; b < static_cast<int64_t>(lengths.size()); ++b) {
-    for (int64_t h = 0; h < p.heads_kv; ++h) {
-      for (int64_t j = lengths[b]; j < p.seqlen_k; ++j) {
-        for (int64_t d = 0; d < p.head_dim; ++d) {
-          pb.k.set(b * p.k_strides.batch + h * p.k_strides.head + j * p.k_strides.seq + d,
-                   std::nan(""));
-        }
-        for (int64_t d = 0; d < p.head_dim_v; ++d) {
-          pb.v.set(b * p.v_strides.batch + h * p.v_strides.head + j * p.v_strides.seq + d,
-                   std::nan(""));
-        }
-      }
-    }
-  }
-}
-
 // The fp64 reference with the kernel's rounding of P (unnormalised, in (0, 1]) to the dtype
 // before it multiplies V, the masks applied by the reference's own rules.
 HostTensor rounded_forward(const Problem& pb) {

@@ -234,6 +234,25 @@ inline void bind_pages(AttentionParams& p, PagedCopy& paged, int64_t page_size) 
   p.mask.num_pages = paged.pages;
 }
 
+// NaN in every k and v row past its entry's cache_seqlens: rows the call must never read.
+inline void poison_rows_past_lengths(Problem& pb, const std::vector<int32_t>& lengths) {
+  const AttentionParams& p = pb.params;
+  for (int64_t b = 0; b < static_cast<int64_t>(lengths.size()); ++b) {
+    for (int64_t h = 0; h < p.heads_kv; ++h) {
+      for (int64_t j = lengths[b]; j < p.seqlen_k; ++j) {
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          pb.k.set(b * p.k_strides.batch + h * p.k_strides.head + j * p.k_strides.seq + d,
+                   std::nan(""));
+        }
+        for (int64_t d = 0; d < p.head_dim_v; ++d) {
+          pb.v.set(b * p.v_strides.batch + h * p.v_strides.head + j * p.v_strides.seq + d,
+                   std::nan(""));
+        }
+      }
+    }
+  }
+}
+
 // Per-element bound |out - ref| <= rtol * |ref| + atol * max|ref|: rtol covers rounding the
 // output to its dtype (twice the unit roundoff), atol the accumulated error of the arithmetic.
 struct Tolerance {

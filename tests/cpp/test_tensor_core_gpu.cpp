@@ -254,6 +254,32 @@ enum class KeyMask { kNone, kBoolPadding, kFloat32, kInputDType };
 // seqlen_k - seqlen_q hides from every query but the last.
 enum class Poison { kNone, kKeysBehindMask, kTermOfLastKey };
 
+// Runs `p` (dp's device copies, lse and workspace poisoned first) and checks the output against
+// the FlashAttention-3 bound and the lse against the fp64 reference's (pb.lse, -inf exactly).
+void run_and_check(AttentionParams p, const DeviceProblem& dp, const Problem& pb,
+                   const Emulated& emulated, const HostTensor& expected) {
+  const int64_t rows = static_cast<int64_t>(pb.lse.size());
+  DeviceBuffer lse(rows * sizeof(float));
+  ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
+  p.lse = lse.get();
+  DeviceBuffer workspace(attention_forward_workspace_bytes(p));
+  p.workspace = workspace.get();
+  attention_forward(p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got(pb.dtype, pb.out.size());
+  dp.out.download(got.data());
+  EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, pb.dtype));
+  std::vector<float> lse32(rows);
+  lse.download(lse32.data());
+  for (int64_t i = 0; i < rows; ++i) {
+    if (std::isinf(pb.lse[i])) {
+      EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
+    } else {
+      EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
+    }
+  }
+}
+
 // A split call: num_splits, a window's right edge (bottom-right causal: seqlen_k - seqlen_q),
 // optionally the output in (B, S, H, D) storage, a key mask and NaN poison.
 struct SplitScenario {
@@ -324,19 +350,7 @@ void check_split_call(const SplitScenario& sc, DType dtype, bool decoding) {
       sc.cache_lengths ? cache_lengths_of(pb.params) : std::vector<int32_t>{};
   if (sc.cache_lengths) {
     pb.params.mask.cache_seqlens = lengths.data();
-    const AttentionParams& hp = pb.params;
-    for (int64_t b = 0; b < hp.batch; ++b) {
-      for (int64_t h = 0; h < hp.heads_kv; ++h) {
-        for (int64_t j = lengths[b]; j < hp.seqlen_k; ++j) {
-          for (int64_t d = 0; d < hp.head_dim; ++d) {
-            pb.k.set(b * hp.k_strides.batch + h * hp.k_strides.head + j * hp.k_strides.seq + d,
-                     std::nan(""));
-            pb.v.set(b * hp.v_strides.batch + h * hp.v_strides.head + j * hp.v_strides.seq + d,
-                     std::nan(""));
-          }
-        }
-      }
-    }
+    poison_rows_past_lengths(pb, lengths);
   }
   if (sc.out_seq_major) {
     const Shape& s = sc.shape;
@@ -586,26 +600,7 @@ TEST(DecodeKernelGpu, PagedCacheMatchesReference) {
       p.num_splits = c.num_splits;
       EXPECT_NE(describe_forward(p).find("decoding kernel"), std::string::npos)
           << describe_forward(p);
-      const int64_t rows = c.shape.batch * c.shape.heads_q * c.shape.seqlen_q;
-      DeviceBuffer lse(rows * sizeof(float));
-      ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
-      p.lse = lse.get();
-      DeviceBuffer workspace(attention_forward_workspace_bytes(p));
-      p.workspace = workspace.get();
-      attention_forward(p, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      HostTensor got(dtype, pb.out.size());
-      dp.out.download(got.data());
-      EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
-      std::vector<float> lse32(rows);
-      lse.download(lse32.data());
-      for (int64_t i = 0; i < rows; ++i) {
-        if (std::isinf(pb.lse[i])) {
-          EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
-        } else {
-          EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
-        }
-      }
+      run_and_check(p, dp, pb, emulated, expected);
       // A call the decoding kernel does not take is refused with the reason, before any launch.
       p.causal = true;
       p.mask.causal_lower_right = false;
@@ -660,19 +655,7 @@ TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
       pb.params.mask.causal_lower_right = lower_right;
       const std::vector<int32_t> lengths = cache_lengths_of(pb.params);
       pb.params.mask.cache_seqlens = lengths.data();
-      const AttentionParams& hp = pb.params;
-      for (int64_t b = 0; b < hp.batch; ++b) {  // rows past the lengths: never read
-        for (int64_t h = 0; h < hp.heads_kv; ++h) {
-          for (int64_t j = lengths[b]; j < hp.seqlen_k; ++j) {
-            for (int64_t d = 0; d < hp.head_dim; ++d) {
-              pb.k.set(b * hp.k_strides.batch + h * hp.k_strides.head + j * hp.k_strides.seq + d,
-                       std::nan(""));
-              pb.v.set(b * hp.v_strides.batch + h * hp.v_strides.head + j * hp.v_strides.seq + d,
-                       std::nan(""));
-            }
-          }
-        }
-      }
+      poison_rows_past_lengths(pb, lengths);  // rows never read
       const HostTensor expected = pb.reference(/*with_lse=*/true);
       const Emulated emulated = low_precision_reference(pb);
       DeviceProblem dp(pb);
@@ -684,26 +667,7 @@ TEST(CacheSeqlensGpu, PerEntryCallsMatchReference) {
       p.mask.cache_seqlens = static_cast<const int32_t*>(device_lengths.get());
       EXPECT_NE(describe_forward(p).find("one call per batch entry"), std::string::npos)
           << describe_forward(p);
-      const int64_t rows = 4 * 4 * 128;
-      DeviceBuffer lse(rows * sizeof(float));
-      ASSERT_EQ(cudaMemset(lse.get(), 0xff, rows * sizeof(float)), cudaSuccess);
-      p.lse = lse.get();
-      DeviceBuffer workspace(attention_forward_workspace_bytes(p));
-      p.workspace = workspace.get();
-      attention_forward(p, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      HostTensor got(dtype, pb.out.size());
-      dp.out.download(got.data());
-      EXPECT_TRUE(within_fa3_bound(got, emulated.out, expected, dtype));
-      std::vector<float> lse32(rows);
-      lse.download(lse32.data());
-      for (int64_t i = 0; i < rows; ++i) {
-        if (std::isinf(pb.lse[i])) {
-          EXPECT_EQ(lse32[i], pb.lse[i]) << "row " << i;
-        } else {
-          EXPECT_NEAR(lse32[i], pb.lse[i], 1e-5 * (1 + std::fabs(pb.lse[i]))) << "row " << i;
-        }
-      }
+      run_and_check(p, dp, pb, emulated, expected);
     }
   }
 }
