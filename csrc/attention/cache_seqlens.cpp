@@ -8,8 +8,6 @@
 namespace samattn::detail {
 namespace {
 
-int lse_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
-
 // Zeroes rows [first_row, rows) of each of `heads` heads of batch entry b of a (B, H, S, width)
 // gradient whose last dimension is contiguous.
 void zero_rows(void* base, const Strides& strides, int element_bytes, int64_t b, int64_t heads,
@@ -51,7 +49,7 @@ AttentionParams batch_entry_params(const AttentionParams& p, int64_t b, int64_t 
   entry.k = advance(p.k, b * p.k_strides.batch, bytes);
   entry.v = advance(p.v, b * p.v_strides.batch, bytes);
   entry.out = advance(p.out, b * p.out_strides.batch, bytes);
-  entry.lse = advance(p.lse, b * p.heads_q * p.seqlen_q, lse_bytes(p.dtype));
+  entry.lse = advance(p.lse, b * p.heads_q * p.seqlen_q, lse_entry_bytes(p.dtype));
   MaskOptions& m = entry.mask;
   m.data = advance(p.mask.data, b * p.mask.batch_stride, mask_entry_bytes(p.mask.dtype));
   if (p.mask.has_block_map()) m.block_map = p.mask.block_map + b * p.mask.block_batch_stride;

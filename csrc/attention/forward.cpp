@@ -46,15 +46,15 @@ detail::KeySplit key_split_of(const AttentionParams& params) {
 
 // Whether per-entry key lengths run one call per batch entry (cache_seqlens.h): everywhere but
 // on the decoding kernel.
-bool runs_per_entry(const AttentionParams& params) {
-  return params.mask.has_cache_seqlens() && !key_split_of(params).on_decode_kernel;
+bool runs_per_entry(const AttentionParams& params, const detail::KeySplit& split) {
+  return params.mask.has_cache_seqlens() && !split.on_decode_kernel;
 }
 
 // A paged KV cache runs on the decoding kernel only: throws, naming the reason, where it does
-// not run `params`.
-void check_paged_call(const AttentionParams& params) {
+// not run `params` (`split`: its key_split_of).
+void check_paged_call(const AttentionParams& params, const detail::KeySplit& split) {
   if (!params.mask.is_paged() || detail::output_rows(params) == 0) return;
-  if (key_split_of(params).on_decode_kernel) return;
+  if (split.on_decode_kernel) return;
   const char* prefix = "a paged KV cache (mask.block_table) runs on the decoding kernel only; ";
   SAMATTN_CHECK(params.backend == Backend::kAuto || params.backend == Backend::kTensorCore, prefix,
                 "backend ", backend_name(params.backend), " was asked for");
@@ -69,10 +69,11 @@ void check_paged_call(const AttentionParams& params) {
 }  // namespace
 
 Backend select_backend(const AttentionParams& params) {
-  check_paged_call(params);
+  const detail::KeySplit split = key_split_of(params);
+  check_paged_call(params, split);
   if (params.backend == Backend::kSimt || simt_forced_by_environment()) return Backend::kSimt;
-  if (runs_per_entry(params)) return select_backend(detail::entry_sizing_params(params));
-  if (key_split_of(params).parts() > 0) return Backend::kTensorCore;
+  if (runs_per_entry(params, split)) return select_backend(detail::entry_sizing_params(params));
+  if (split.parts() > 0) return Backend::kTensorCore;
   // The fixed pattern runs mostly on the Hopper forward through its decomposition.
   const bool hopper_ok =
       hopper_allowed(params) &&
@@ -94,12 +95,12 @@ Backend select_backend(const AttentionParams& params) {
 }
 
 std::string describe_forward(const AttentionParams& params) {
-  check_paged_call(params);
-  if (runs_per_entry(params)) {
+  const detail::KeySplit split = key_split_of(params);
+  check_paged_call(params, split);
+  if (runs_per_entry(params, split)) {
     return describe_forward(detail::entry_sizing_params(params)) +
            ", one call per batch entry (cache_seqlens)";
   }
-  const detail::KeySplit split = key_split_of(params);
   if (split.parts() == 0) return backend_name(select_backend(params));
   const char* chunks = split.parts() == 1 ? " key chunk" : " key chunks";
   return detail::concat(backend_name(Backend::kTensorCore), ": ",
@@ -108,8 +109,9 @@ std::string describe_forward(const AttentionParams& params) {
 }
 
 size_t attention_forward_workspace_bytes(const AttentionParams& params) {
-  check_paged_call(params);
-  if (runs_per_entry(params)) {
+  const detail::KeySplit split = key_split_of(params);
+  check_paged_call(params, split);
+  if (runs_per_entry(params, split)) {
     return attention_forward_workspace_bytes(detail::entry_sizing_params(params));
   }
   switch (params.mask.pattern) {
@@ -120,7 +122,6 @@ size_t attention_forward_workspace_bytes(const AttentionParams& params) {
     case SparsePattern::kNone:
       break;
   }
-  const detail::KeySplit split = key_split_of(params);
   return detail::split_needs_workspace(split) ? detail::key_split_workspace_bytes(params, split)
                                               : 0;
 }
@@ -155,14 +156,15 @@ void simt_varlen_forward(const AttentionParams& params, cudaStream_t stream) {
 void attention_forward(const AttentionParams& params, cudaStream_t stream) {
   detail::validate_forward_params(params);
   if (detail::output_rows(params) == 0) return;
-  check_paged_call(params);
-  if (runs_per_entry(params)) {
+  const detail::KeySplit split = key_split_of(params);
+  check_paged_call(params, split);
+  if (runs_per_entry(params, split)) {
     detail::per_entry_forward(params, stream);
     return;
   }
   // A split call, when its workspace was given (or, on the decoding kernel, with one chunk that
   // needs none); without one it runs as with num_splits 1.
-  if (const detail::KeySplit split = key_split_of(params); split.parts() > 0) {
+  if (split.parts() > 0) {
     if (split.on_decode_kernel && (params.workspace != nullptr || split.parts() == 1)) {
       detail::decode_forward(params, split, stream);
       return;

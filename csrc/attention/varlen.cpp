@@ -6,11 +6,6 @@
 #include "common/cuda_check.h"
 
 namespace samattn::detail {
-namespace {
-
-int lse_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
-
-}  // namespace
 
 std::vector<VarlenSequence> read_varlen_sequences(const AttentionParams& p, cudaStream_t stream) {
   const size_t entries = static_cast<size_t>(p.batch) + 1;
@@ -41,7 +36,7 @@ AttentionParams sequence_params(const AttentionParams& p, const VarlenSequence& 
   sub.out = advance(p.out, s.q_row0 * p.out_strides.seq, bytes);
   sub.k = advance(p.k, s.k_row0 * p.k_strides.seq, bytes);
   sub.v = advance(p.v, s.k_row0 * p.v_strides.seq, bytes);
-  sub.lse = advance(p.lse, s.q_row0, lse_bytes(p.dtype));
+  sub.lse = advance(p.lse, s.q_row0, lse_entry_bytes(p.dtype));
   sub.mask.cu_seqlens_q = nullptr;
   sub.mask.cu_seqlens_k = nullptr;
   sub.mask.total_q = sub.mask.total_k = 0;

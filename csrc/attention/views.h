@@ -17,6 +17,9 @@ inline void* advance(void* base, int64_t elements, int element_bytes) {
   return base == nullptr ? nullptr : static_cast<char*>(base) + elements * element_bytes;
 }
 
+// Bytes of one lse entry: the accumulation type (double for float64 inputs, float otherwise).
+inline int lse_entry_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
+
 // Bytes of one element mask entry.
 inline int mask_entry_bytes(MaskDType dtype) {
   switch (dtype) {
